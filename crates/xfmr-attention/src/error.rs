@@ -1,0 +1,100 @@
+//! Typed errors for configuration, masks, caches and weight import.
+
+use thiserror::Error;
+
+/// Everything that can be wrong with an attention configuration or its inputs, with the offending
+/// values in the message.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum AttentionError {
+    /// A dimension that must be positive is zero.
+    #[error("`{name}` must be positive, got 0")]
+    ZeroDim {
+        /// Which dimension.
+        name: &'static str,
+    },
+    /// `d_model` does not split evenly into `n_heads` heads.
+    #[error("d_model ({d_model}) must be divisible by n_heads ({n_heads})")]
+    HeadsDoNotDivide {
+        /// Model width.
+        d_model: usize,
+        /// Number of query heads.
+        n_heads: usize,
+    },
+    /// Grouped-query attention needs `n_heads` to be a multiple of `n_kv_heads`.
+    #[error("n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")]
+    KvHeadsDoNotDivide {
+        /// Number of query heads.
+        n_heads: usize,
+        /// Number of key/value heads.
+        n_kv_heads: usize,
+    },
+    /// Dropout probability outside `[0, 1)`.
+    #[error("dropout probability must be in [0, 1), got {prob}")]
+    InvalidDropout {
+        /// The rejected probability.
+        prob: f64,
+    },
+    /// A mask (or bias) does not broadcast to the attention scores' shape.
+    #[error(
+        "{what} of shape {actual:?} does not broadcast to the attention scores \
+         [batch, heads, seq_q, seq_k] = {expected:?} (each dimension must match or be 1)"
+    )]
+    MaskShape {
+        /// `"mask"` or `"bias"`.
+        what: &'static str,
+        /// Shape given.
+        actual: Vec<usize>,
+        /// Shape of the scores.
+        expected: Vec<usize>,
+    },
+    /// A sequence length is larger than the padded length it should fit in.
+    #[error("length {length} of sequence {index} exceeds the padded length {seq_len}")]
+    LengthTooLong {
+        /// Which sequence of the batch.
+        index: usize,
+        /// Its length.
+        length: usize,
+        /// The padded length.
+        seq_len: usize,
+    },
+    /// An input tensor has the wrong width or batch size.
+    #[error("{what} has shape {actual:?}, expected {expected}")]
+    InputShape {
+        /// Which input.
+        what: &'static str,
+        /// Shape given.
+        actual: Vec<usize>,
+        /// What was expected, in words.
+        expected: String,
+    },
+    /// A weight to import has the wrong shape.
+    #[error("weight `{name}` has shape {actual:?}, expected {expected:?}")]
+    WeightShape {
+        /// Name of the tensor.
+        name: String,
+        /// Shape given.
+        actual: Vec<usize>,
+        /// Shape expected.
+        expected: Vec<usize>,
+    },
+    /// A bias was given for a projection configured without one, or is missing for one
+    /// configured with one.
+    #[error("weight `{name}`: bias {} but the module is configured {}",
+        if *.given { "given" } else { "missing" },
+        if *.given { "without a bias" } else { "with a bias" })]
+    BiasMismatch {
+        /// Name of the projection.
+        name: String,
+        /// Whether the checkpoint had a bias.
+        given: bool,
+    },
+    /// Truncating a cache to more entries than it holds.
+    #[error("cannot truncate a key/value cache of length {len} to {requested}")]
+    CacheTruncate {
+        /// Current length.
+        len: usize,
+        /// Requested length.
+        requested: usize,
+    },
+}

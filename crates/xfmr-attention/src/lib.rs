@@ -1,0 +1,57 @@
+//! # xfmr-attention
+//!
+//! The attention layer of *Attention Is All You Need* (Vaswani et al., 2017), generic over burn
+//! backends (`B: Backend`): it runs on ndarray, flex, wgpu and under `Autodiff<B>`.
+//!
+//! - [`AttnMask`]: padding, causal and combined masks. **One polarity everywhere: `true` means
+//!   ignored** (burn's and PyTorch's convention); [`AttnMask::from_keep_mask`] converts Hugging
+//!   Face's `attention_mask` (1 = attend).
+//! - [`scaled_dot_product_attention`]: `softmax(QKᵀ/√d_k + M + A) V` with a fused fast path and a
+//!   reference path ([`attention_reference`]) that materialises the weights. A query whose keys
+//!   are all ignored yields a zero row, never NaN.
+//! - [`MultiHeadAttention`]: self- and cross-attention, grouped key/value heads, per-projection
+//!   bias switches, optional weights, PyTorch import ([`MultiHeadAttention::load_torch`]).
+//! - [`KvCache`]: keys/values kept across incremental decoding steps; reorderable along the batch
+//!   (beam search) and truncatable.
+//!
+//! This crate knows nothing of positions, blocks or models: the higher xfmr crates build on it.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::Tensor;
+//! use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
+//!
+//! let device = Default::default();
+//! let mha = MultiHeadAttentionConfig::new(16, 4).init::<NdArray>(&device);
+//! let x = Tensor::<NdArray, 3>::random([2, 3, 16], burn::tensor::Distribution::Default, &device);
+//!
+//! // One causal pass over the sequence...
+//! let full = mha.forward(MhaInput::self_attn(x.clone()).causal()).context;
+//! // ...equals decoding it step by step through the cache.
+//! let mut cache = KvCache::new();
+//! let steps: Vec<_> = (0..3)
+//!     .map(|t| mha.forward_cached(MhaInput::self_attn(x.clone().narrow(1, t, 1)), &mut cache).context)
+//!     .collect();
+//! let stepped = Tensor::cat(steps, 1);
+//! let diff: f32 = (full - stepped).abs().max().into_scalar();
+//! assert!(diff < 1e-5);
+//! ```
+
+#![warn(missing_docs)]
+
+mod cache;
+mod error;
+mod mask;
+mod mha;
+mod sdpa;
+mod torch;
+
+pub use cache::KvCache;
+pub use error::AttentionError;
+pub use mask::AttnMask;
+pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use sdpa::{
+    attention_fused, attention_reference, scaled_dot_product_attention, AttentionOptions,
+    AttentionOutput,
+};
+pub use torch::{linear_from_torch, load_linear_torch, TorchMhaWeights};

@@ -1,0 +1,501 @@
+//! Multi-head attention (paper §3.2.2):
+//!
+//! ```text
+//! MultiHead(Q, K, V) = Concat(head_1, …, head_h) Wᴼ,   head_i = Attention(Q W_iᵠ, K W_iᴷ, V W_iⱽ)
+//! ```
+//!
+//! with `h = n_heads` heads of width `d_k = d_v = d_model / h`. Self-attention takes `Q = K = V`
+//! from one sequence; cross-attention takes queries from one sequence and keys/values from
+//! another (the encoder memory), possibly of another length.
+//!
+//! Extension beyond the paper: **grouped-query attention** — `n_kv_heads < n_heads` key/value
+//! heads, each shared by `n_heads / n_kv_heads` query heads (GQA; `n_kv_heads = 1` is multi-query
+//! attention). With the default `n_kv_heads = n_heads` it is the paper's layer.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::sdpa::{scaled_dot_product_attention, AttentionOptions, AttentionOutput};
+use crate::{AttentionError, AttnMask, KvCache};
+
+/// Configuration of [`MultiHeadAttention`].
+#[derive(Config, Debug)]
+pub struct MultiHeadAttentionConfig {
+    /// Model width `d_model` (input and output features).
+    pub d_model: usize,
+    /// Number of query heads `h`; each has width `d_k = d_model / h`.
+    pub n_heads: usize,
+    /// Number of key/value heads for grouped-query attention; must divide `n_heads`.
+    /// Default: `None` (= `n_heads`, the paper's multi-head attention).
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Dropout on the attention weights after softmax. Default: 0.0 (the paper applies its
+    /// dropout to sublayer outputs, which is the blocks' business; PyTorch's default is also 0).
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Bias on the query projection. Default: true.
+    #[config(default = true)]
+    pub query_bias: bool,
+    /// Bias on the key projection. Default: true.
+    #[config(default = true)]
+    pub key_bias: bool,
+    /// Bias on the value projection. Default: true.
+    #[config(default = true)]
+    pub value_bias: bool,
+    /// Bias on the output projection `Wᴼ`. Default: true.
+    #[config(default = true)]
+    pub output_bias: bool,
+    /// Initialiser of the projection weights (biases start at zero, as in PyTorch).
+    /// Default: Xavier/Glorot uniform, gain 1 (PyTorch's `nn.MultiheadAttention`).
+    #[config(default = "Initializer::XavierUniform { gain: 1.0 }")]
+    pub initializer: Initializer,
+}
+
+impl MultiHeadAttentionConfig {
+    /// Number of key/value heads (`n_kv_heads`, or `n_heads` when unset).
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    /// Zero sizes, `d_model % n_heads != 0`, `n_heads % n_kv_heads != 0`, dropout outside `[0, 1)`.
+    pub fn validate(&self) -> Result<(), AttentionError> {
+        if self.d_model == 0 {
+            return Err(AttentionError::ZeroDim { name: "d_model" });
+        }
+        if self.n_heads == 0 {
+            return Err(AttentionError::ZeroDim { name: "n_heads" });
+        }
+        if self.kv_heads() == 0 {
+            return Err(AttentionError::ZeroDim { name: "n_kv_heads" });
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(AttentionError::HeadsDoNotDivide {
+                d_model: self.d_model,
+                n_heads: self.n_heads,
+            });
+        }
+        if self.n_heads % self.kv_heads() != 0 {
+            return Err(AttentionError::KvHeadsDoNotDivide {
+                n_heads: self.n_heads,
+                n_kv_heads: self.kv_heads(),
+            });
+        }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(AttentionError::InvalidDropout { prob: self.dropout });
+        }
+        Ok(())
+    }
+
+    /// Builds the layer after [`validate`](Self::validate).
+    ///
+    /// # Errors
+    /// As [`validate`](Self::validate).
+    pub fn try_init<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<MultiHeadAttention<B>, AttentionError> {
+        self.validate()?;
+        let d_k = self.d_model / self.n_heads;
+        let kv_dim = self.kv_heads() * d_k;
+        let linear = |d_in: usize, d_out: usize, bias: bool| Linear {
+            weight: self
+                .initializer
+                .init_with([d_in, d_out], Some(d_in), Some(d_out), device),
+            bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
+        };
+        Ok(MultiHeadAttention {
+            query: linear(self.d_model, self.d_model, self.query_bias),
+            key: linear(self.d_model, kv_dim, self.key_bias),
+            value: linear(self.d_model, kv_dim, self.value_bias),
+            output: linear(self.d_model, self.d_model, self.output_bias),
+            d_model: self.d_model,
+            n_heads: self.n_heads,
+            n_kv_heads: self.kv_heads(),
+            d_k,
+            dropout: self.dropout,
+        })
+    }
+
+    /// Builds the layer.
+    ///
+    /// # Panics
+    /// If the configuration is invalid (see [`validate`](Self::validate)); use
+    /// [`try_init`](Self::try_init) to get the error instead.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadAttention<B> {
+        self.try_init(device)
+            .unwrap_or_else(|e| panic!("invalid MultiHeadAttentionConfig: {e}"))
+    }
+}
+
+/// Multi-head attention with optional grouped key/value heads. Create with
+/// [`MultiHeadAttentionConfig`].
+///
+/// Projections are burn [`Linear`] layers (weight `[d_in, d_out]`, `y = x W + b`);
+/// [`MultiHeadAttention::load_torch`] imports PyTorch's `nn.MultiheadAttention` layout.
+#[derive(Module, Debug)]
+pub struct MultiHeadAttention<B: Backend> {
+    /// Query projection `W^Q`: `d_model → n_heads · d_k`.
+    pub query: Linear<B>,
+    /// Key projection `W^K`: `d_model → n_kv_heads · d_k`.
+    pub key: Linear<B>,
+    /// Value projection `W^V`: `d_model → n_kv_heads · d_k`.
+    pub value: Linear<B>,
+    /// Output projection `W^O`: `n_heads · d_k → d_model`.
+    pub output: Linear<B>,
+    /// Model width.
+    pub d_model: usize,
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of key/value heads (`== n_heads` without grouping).
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub d_k: usize,
+    /// Dropout probability on the attention weights.
+    pub dropout: f64,
+}
+
+/// Input of [`MultiHeadAttention`]: what attends to what, under which mask.
+///
+/// ```
+/// # use burn::backend::NdArray;
+/// # use burn::tensor::Tensor;
+/// # use xfmr_attention::{AttnMask, MhaInput};
+/// # let device = Default::default();
+/// # let x = Tensor::<NdArray, 3>::zeros([2, 5, 8], &device);
+/// # let memory = Tensor::<NdArray, 3>::zeros([2, 7, 8], &device);
+/// let pad = AttnMask::padding_from_lengths(&[5, 3], 5, &device).unwrap();
+/// let decoder_self = MhaInput::self_attn(x.clone()).causal().mask(pad);
+/// let cross = MhaInput::cross(x, memory).need_weights();
+/// ```
+#[derive(Debug, Clone)]
+pub struct MhaInput<B: Backend> {
+    query: Tensor<B, 3>,
+    memory: Option<Tensor<B, 3>>,
+    mask: Option<AttnMask<B>>,
+    bias: Option<Tensor<B, 4>>,
+    causal: bool,
+    need_weights: bool,
+}
+
+impl<B: Backend> MhaInput<B> {
+    /// Self-attention: queries, keys and values all from `x` `[batch, seq, d_model]`.
+    pub fn self_attn(x: Tensor<B, 3>) -> Self {
+        Self {
+            query: x,
+            memory: None,
+            mask: None,
+            bias: None,
+            causal: false,
+            need_weights: false,
+        }
+    }
+
+    /// Cross-attention: queries from `query` `[batch, seq_q, d_model]`, keys and values from
+    /// `memory` `[batch, seq_k, d_model]`.
+    pub fn cross(query: Tensor<B, 3>, memory: Tensor<B, 3>) -> Self {
+        Self {
+            memory: Some(memory),
+            ..Self::self_attn(query)
+        }
+    }
+
+    /// Adds a mask (`true` = ignored); combined with any mask already set.
+    pub fn mask(mut self, mask: AttnMask<B>) -> Self {
+        self.mask = Some(match self.mask {
+            Some(existing) => existing.union(mask),
+            None => mask,
+        });
+        self
+    }
+
+    /// Adds an optional mask (`true` = ignored).
+    pub fn mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
+        match mask {
+            Some(mask) => self.mask(mask),
+            None => self,
+        }
+    }
+
+    /// Makes the attention causal (look-ahead mask, see [`AttnMask::causal`]).
+    pub fn causal(mut self) -> Self {
+        self.causal = true;
+        self
+    }
+
+    /// Adds an additive bias on the scores `[batch|1, n_heads|1, seq_q|1, seq_k]` (ALiBi, ...).
+    pub fn bias(mut self, bias: Tensor<B, 4>) -> Self {
+        self.bias = Some(bias);
+        self
+    }
+
+    /// Requests the per-head attention weights in the output.
+    pub fn need_weights(mut self) -> Self {
+        self.need_weights = true;
+        self
+    }
+}
+
+/// Output of [`MultiHeadAttention`].
+pub type MhaOutput<B> = AttentionOutput<B, 3>;
+
+impl<B: Backend> MultiHeadAttention<B> {
+    /// Attention over a whole sequence (no cache).
+    ///
+    /// # Shapes
+    /// - `input.query`: `[batch, seq_q, d_model]`
+    /// - `input.memory` (cross-attention): `[batch, seq_k, d_model]`; self-attention: `seq_k = seq_q`
+    /// - mask: broadcastable to `[batch, n_heads, seq_q, seq_k]`
+    /// - output `context`: `[batch, seq_q, d_model]`; `weights`: `[batch, n_heads, seq_q, seq_k]`
+    ///
+    /// # Panics
+    /// On a shape mismatch, with the message of [`try_forward`](Self::try_forward)'s error.
+    pub fn forward(&self, input: MhaInput<B>) -> MhaOutput<B> {
+        self.try_forward(input)
+            .unwrap_or_else(|e| panic!("MultiHeadAttention::forward: {e}"))
+    }
+
+    /// [`forward`](Self::forward) returning shape mismatches as errors.
+    ///
+    /// # Errors
+    /// [`AttentionError::InputShape`] for a wrong width or batch, [`AttentionError::MaskShape`]
+    /// for a mask or bias that does not broadcast to the scores.
+    pub fn try_forward(&self, input: MhaInput<B>) -> Result<MhaOutput<B>, AttentionError> {
+        let [batch, seq_q, _] = self.check_query(&input.query)?;
+        let source = match &input.memory {
+            Some(memory) => {
+                self.check_memory(memory, batch)?;
+                memory.clone()
+            }
+            None => input.query.clone(),
+        };
+        let seq_k = source.dims()[1];
+        self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
+        let query = self.project(input.query, &self.query, self.n_heads);
+        let key = self.project(source.clone(), &self.key, self.n_kv_heads);
+        let value = self.project(source, &self.value, self.n_kv_heads);
+        let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &key.device());
+        self.attend(query, key, value, mask, input.bias, input.need_weights)
+    }
+
+    /// Incremental attention through a key/value cache.
+    ///
+    /// - **Self-attention** (`MhaInput::self_attn(x_new)`): projects only the new tokens, appends
+    ///   their keys/values to `cache`, and attends the new queries over all cached positions.
+    ///   It is always causal: new query `i` sits at position `cache.len() + i` and sees keys up to
+    ///   it. Feeding a sequence one token at a time gives the same result as one causal
+    ///   [`forward`](Self::forward) over the whole sequence.
+    /// - **Cross-attention** (`MhaInput::cross(x_new, memory)`): on the first call (empty cache)
+    ///   the memory is projected into `cache`; later calls reuse it and do not read `memory`
+    ///   again. See also [`project_memory`](Self::project_memory).
+    ///
+    /// # Shapes
+    /// - `input.query`: `[batch, new, d_model]`
+    /// - mask: broadcastable to `[batch, n_heads, new, len]`, `len` = cached length after the
+    ///   call (past + new for self-attention)
+    /// - output `context`: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// On a shape mismatch (see [`try_forward_cached`](Self::try_forward_cached)).
+    pub fn forward_cached(&self, input: MhaInput<B>, cache: &mut KvCache<B>) -> MhaOutput<B> {
+        self.try_forward_cached(input, cache)
+            .unwrap_or_else(|e| panic!("MultiHeadAttention::forward_cached: {e}"))
+    }
+
+    /// [`forward_cached`](Self::forward_cached) returning shape mismatches as errors. On error
+    /// the cache is left unchanged.
+    ///
+    /// # Errors
+    /// As [`try_forward`](Self::try_forward), and [`AttentionError::InputShape`] when the batch
+    /// differs from the cache's.
+    pub fn try_forward_cached(
+        &self,
+        input: MhaInput<B>,
+        cache: &mut KvCache<B>,
+    ) -> Result<MhaOutput<B>, AttentionError> {
+        let [batch, seq_q, _] = self.check_query(&input.query)?;
+        if let Some(cached) = cache.batch_size().filter(|&b| b != batch) {
+            return Err(AttentionError::InputShape {
+                what: "query",
+                actual: input.query.dims().to_vec(),
+                expected: format!("batch {cached} to match the key/value cache"),
+            });
+        }
+        let device = input.query.device();
+        match input.memory.clone() {
+            Some(memory) => {
+                if cache.is_empty() {
+                    self.check_memory(&memory, batch)?;
+                }
+                let seq_k = if cache.is_empty() {
+                    memory.dims()[1]
+                } else {
+                    cache.len()
+                };
+                self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
+                if cache.is_empty() {
+                    *cache = self.project_memory(memory);
+                }
+                let query = self.project(input.query, &self.query, self.n_heads);
+                let (key, value) = (cache.keys().unwrap().clone(), cache.values().unwrap().clone());
+                let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &device);
+                self.attend(query, key, value, mask, input.bias, input.need_weights)
+            }
+            None => {
+                let seq_k = cache.len() + seq_q;
+                self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
+                let source = input.query.clone();
+                let query = self.project(input.query, &self.query, self.n_heads);
+                let key = self.project(source.clone(), &self.key, self.n_kv_heads);
+                let value = self.project(source, &self.value, self.n_kv_heads);
+                let (key, value) = cache.append(key, value);
+                // A single new query sees every cached key: its causal mask is empty.
+                let mask = with_causal(input.mask, seq_q > 1, seq_q, seq_k, &device);
+                self.attend(query, key, value, mask, input.bias, input.need_weights)
+            }
+        }
+    }
+
+    /// Projects encoder memory into keys and values once, for cross-attention over many
+    /// decoding steps.
+    ///
+    /// # Shapes
+    /// - `memory`: `[batch, seq_k, d_model]`
+    /// - cache entries: `[batch, n_kv_heads, seq_k, d_k]`
+    pub fn project_memory(&self, memory: Tensor<B, 3>) -> KvCache<B> {
+        let key = self.project(memory.clone(), &self.key, self.n_kv_heads);
+        let value = self.project(memory, &self.value, self.n_kv_heads);
+        KvCache::from_parts(key, value)
+    }
+
+    /// `x W + b`, split into heads.
+    ///
+    /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]`.
+    fn project(&self, x: Tensor<B, 3>, linear: &Linear<B>, heads: usize) -> Tensor<B, 4> {
+        let [batch, seq, _] = x.dims();
+        linear
+            .forward(x)
+            // (B, T, h·d_k) -> (B, T, h, d_k)
+            .reshape([batch, seq, heads, self.d_k])
+            // (B, T, h, d_k) -> (B, h, T, d_k)
+            .swap_dims(1, 2)
+    }
+
+    /// Scaled dot-product attention over projected heads, heads merged, then `W^O`.
+    fn attend(
+        &self,
+        query: Tensor<B, 4>,
+        key: Tensor<B, 4>,
+        value: Tensor<B, 4>,
+        mask: Option<AttnMask<B>>,
+        bias: Option<Tensor<B, 4>>,
+        need_weights: bool,
+    ) -> Result<MhaOutput<B>, AttentionError> {
+        let [batch, _, seq_q, _] = query.dims();
+        let key = self.repeat_kv(key);
+        let value = self.repeat_kv(value);
+        let mut options = AttentionOptions::default()
+            .with_optional_mask(mask)
+            .with_dropout(self.dropout)
+            .with_weights(need_weights);
+        options.bias = bias;
+        let out = scaled_dot_product_attention(query, key, value, options)?;
+        let context = out
+            .context
+            // (B, h, Tq, d_k) -> (B, Tq, h, d_k)
+            .swap_dims(1, 2)
+            // (B, Tq, h, d_k) -> (B, Tq, h·d_k)
+            .reshape([batch, seq_q, self.n_heads * self.d_k]);
+        Ok(MhaOutput {
+            context: self.output.forward(context),
+            weights: out.weights,
+        })
+    }
+
+    /// Repeats each key/value head for the `n_heads / n_kv_heads` query heads that share it.
+    ///
+    /// `[batch, n_kv_heads, seq, d_k]` → `[batch, n_heads, seq, d_k]`.
+    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let group = self.n_heads / self.n_kv_heads;
+        if group == 1 {
+            return x;
+        }
+        let [batch, kv_heads, seq, d_k] = x.dims();
+        x
+            // (B, h_kv, T, d_k) -> (B, h_kv, 1, T, d_k) -> (B, h_kv, g, T, d_k)
+            .unsqueeze_dim::<5>(2)
+            .expand([batch, kv_heads, group, seq, d_k])
+            // -> (B, h_kv·g, T, d_k): query head j uses key/value head j / g
+            .reshape([batch, kv_heads * group, seq, d_k])
+    }
+
+    fn check_query(&self, query: &Tensor<B, 3>) -> Result<[usize; 3], AttentionError> {
+        let dims = query.dims();
+        if dims[2] != self.d_model {
+            return Err(AttentionError::InputShape {
+                what: "query",
+                actual: dims.to_vec(),
+                expected: format!("[batch, seq, {}]", self.d_model),
+            });
+        }
+        Ok(dims)
+    }
+
+    fn check_memory(&self, memory: &Tensor<B, 3>, batch: usize) -> Result<(), AttentionError> {
+        let [mb, _, md] = memory.dims();
+        if mb != batch || md != self.d_model {
+            return Err(AttentionError::InputShape {
+                what: "memory",
+                actual: memory.dims().to_vec(),
+                expected: format!("[{batch}, seq_k, {}]", self.d_model),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_masks(&self, input: &MhaInput<B>, scores: [usize; 4]) -> Result<(), AttentionError> {
+        if let Some(mask) = &input.mask {
+            mask.check(scores)?;
+        }
+        if let Some(bias) = &input.bias {
+            crate::mask::check_broadcast("bias", bias.dims(), scores)?;
+        }
+        Ok(())
+    }
+}
+
+/// The user's mask, combined with the causal mask when asked.
+fn with_causal<B: Backend>(
+    mask: Option<AttnMask<B>>,
+    causal: bool,
+    seq_q: usize,
+    seq_k: usize,
+    device: &B::Device,
+) -> Option<AttnMask<B>> {
+    if !causal {
+        return mask;
+    }
+    let causal = AttnMask::causal(seq_q, seq_k, device);
+    Some(match mask {
+        Some(mask) => mask.union(causal),
+        None => causal,
+    })
+}
+
+/// Replaces a [`Linear`]'s parameters, keeping their ids.
+pub(crate) fn set_linear<B: Backend>(
+    linear: &mut Linear<B>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) {
+    linear.weight = Param::initialized(linear.weight.id, weight);
+    linear.bias = match (linear.bias.take(), bias) {
+        (Some(old), Some(b)) => Some(Param::initialized(old.id, b)),
+        (None, Some(b)) => Some(Param::from_tensor(b)),
+        (_, None) => None,
+    };
+}

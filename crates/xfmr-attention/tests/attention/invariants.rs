@@ -1,0 +1,409 @@
+//! Invariants that hold for any weights: cached == full decoding, padding invariance, permutation
+//! equivariance, fused == reference, zero rows for fully masked queries, gradients == finite
+//! differences.
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::Param;
+use burn::nn::Linear;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_attention::{
+    attention_fused, attention_reference, scaled_dot_product_attention, AttentionOptions, AttnMask,
+    KvCache, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig,
+};
+use xfmr_testing::{assert_tensors_close, float_tensor, max_abs_diff, to_vec, TestRng};
+
+use crate::Cpu;
+
+fn random_mha<B: Backend>(d_model: usize, n_heads: usize, n_kv_heads: usize) -> MultiHeadAttention<B> {
+    MultiHeadAttentionConfig::new(d_model, n_heads)
+        .with_n_kv_heads(Some(n_kv_heads))
+        .init(&Default::default())
+}
+
+fn indices<B: Backend>(values: &[i64]) -> Tensor<B, 1, Int> {
+    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), &Default::default())
+}
+
+/// Decoding one token at a time, and in uneven chunks, through the cache equals one causal pass
+/// (≤ 1e-5), with and without grouped key/value heads.
+#[test]
+fn cached_decoding_equals_full_causal_pass() {
+    let device = Default::default();
+    let mut rng = TestRng::new(1);
+    for n_kv_heads in [4, 2, 1] {
+        let mha = random_mha::<Cpu>(32, 4, n_kv_heads);
+        let x = rng.tensor::<Cpu, 3>([2, 7, 32], 1.0, &device);
+        let full = mha.forward(MhaInput::self_attn(x.clone()).causal()).context;
+
+        let mut cache = KvCache::new();
+        let steps: Vec<_> = (0..7)
+            .map(|t| {
+                mha.forward_cached(MhaInput::self_attn(x.clone().narrow(1, t, 1)), &mut cache)
+                    .context
+            })
+            .collect();
+        assert_eq!(cache.len(), 7);
+        let stepped = Tensor::cat(steps, 1);
+        assert!(max_abs_diff(&full, &stepped) <= 1e-5, "kv heads {n_kv_heads}: one token at a time");
+
+        let mut cache = KvCache::new();
+        let chunks: Vec<_> = [(0, 3), (3, 1), (4, 3)]
+            .into_iter()
+            .map(|(start, len)| {
+                mha.forward_cached(MhaInput::self_attn(x.clone().narrow(1, start, len)), &mut cache)
+                    .context
+            })
+            .collect();
+        let chunked = Tensor::cat(chunks, 1);
+        assert!(max_abs_diff(&full, &chunked) <= 1e-5, "kv heads {n_kv_heads}: chunks 3+1+3");
+    }
+}
+
+/// Padding masks work with the cache too: the mask covers past and new keys.
+#[test]
+fn cached_decoding_with_padding_mask_equals_full_pass() {
+    let device = Default::default();
+    let mut rng = TestRng::new(2);
+    let mha = random_mha::<Cpu>(16, 2, 2);
+    let x = rng.tensor::<Cpu, 3>([2, 5, 16], 1.0, &device);
+    // Left padding: sequence 1 starts at position 2.
+    let keep = Tensor::<Cpu, 2, Int>::from_data(
+        TensorData::new(vec![1i64, 1, 1, 1, 1, 0, 0, 1, 1, 1], [2, 5]),
+        &device,
+    );
+    let pad = AttnMask::<Cpu>::from_keep_mask(keep);
+    let full = mha
+        .forward(MhaInput::self_attn(x.clone()).causal().mask(pad.clone()))
+        .context;
+    let mut cache = KvCache::new();
+    let steps: Vec<_> = (0..5)
+        .map(|t| {
+            let step_mask = AttnMask::from_tensor(pad.tensor().clone().narrow(3, 0, t + 1));
+            mha.forward_cached(
+                MhaInput::self_attn(x.clone().narrow(1, t, 1)).mask(step_mask),
+                &mut cache,
+            )
+            .context
+        })
+        .collect();
+    assert!(max_abs_diff(&full, &Tensor::cat(steps, 1)) <= 1e-5);
+}
+
+/// Cross-attention through a cache projects the memory once and matches the uncached layer.
+#[test]
+fn cached_cross_attention_equals_uncached() {
+    let device = Default::default();
+    let mut rng = TestRng::new(3);
+    let mha = random_mha::<Cpu>(16, 4, 4);
+    let x = rng.tensor::<Cpu, 3>([2, 4, 16], 1.0, &device);
+    let memory = rng.tensor::<Cpu, 3>([2, 6, 16], 1.0, &device);
+    let mask = AttnMask::padding_from_lengths(&[6, 3], 6, &device).unwrap();
+    let full = mha
+        .forward(MhaInput::cross(x.clone(), memory.clone()).mask(mask.clone()))
+        .context;
+    let mut cache = KvCache::new();
+    let mut steps = Vec::new();
+    for t in 0..4 {
+        steps.push(
+            mha.forward_cached(
+                MhaInput::cross(x.clone().narrow(1, t, 1), memory.clone()).mask(mask.clone()),
+                &mut cache,
+            )
+            .context,
+        );
+        assert_eq!(cache.len(), 6, "memory keys are projected once, never appended");
+    }
+    assert!(max_abs_diff(&full, &Tensor::cat(steps, 1)) <= 1e-5);
+    // The explicitly projected memory is the same cache.
+    let projected = mha.project_memory(memory);
+    assert!(max_abs_diff(projected.keys().unwrap(), cache.keys().unwrap()) == 0.0);
+}
+
+/// Reordering the cache along the batch (beam search) equals decoding the reordered inputs;
+/// truncating and re-decoding equals the original.
+#[test]
+fn cache_reorder_and_truncate() {
+    let device = Default::default();
+    let mut rng = TestRng::new(4);
+    let mha = random_mha::<Cpu>(16, 4, 2);
+    let x = rng.tensor::<Cpu, 3>([3, 4, 16], 1.0, &device);
+    let order = [2i64, 0, 0];
+
+    let mut cache = KvCache::new();
+    mha.forward_cached(MhaInput::self_attn(x.clone().narrow(1, 0, 3)), &mut cache);
+    cache.reorder(indices(&order));
+    assert_eq!(cache.batch_size(), Some(3));
+    let x_reordered = x.clone().select(0, indices(&order));
+    let last = mha
+        .forward_cached(MhaInput::self_attn(x_reordered.clone().narrow(1, 3, 1)), &mut cache)
+        .context;
+    let expected = mha
+        .forward(MhaInput::self_attn(x_reordered).causal())
+        .context
+        .narrow(1, 3, 1);
+    assert!(max_abs_diff(&last, &expected) <= 1e-5);
+
+    cache.truncate(2).unwrap();
+    assert_eq!(cache.len(), 2);
+    assert!(cache.truncate(3).is_err());
+}
+
+/// Padded keys never change the outputs at real positions: a padded batch equals each sequence
+/// run alone, whatever the padding holds.
+#[test]
+fn padding_never_changes_unpadded_outputs() {
+    let device = Default::default();
+    let mut rng = TestRng::new(5);
+    let mha = random_mha::<Cpu>(24, 3, 3);
+    let lengths = [6usize, 4, 1];
+    let x = rng.tensor::<Cpu, 3>([3, 6, 24], 1.0, &device);
+    let mask = AttnMask::padding_from_lengths(&lengths, 6, &device).unwrap();
+    for causal in [false, true] {
+        let mut input = MhaInput::self_attn(x.clone()).mask(mask.clone());
+        if causal {
+            input = input.causal();
+        }
+        let batched = mha.forward(input).context;
+        // Different garbage in the padding must not matter either.
+        let noise = rng.tensor::<Cpu, 3>([3, 6, 24], 100.0, &device);
+        let keep = mask.tensor().clone().reshape([3, 6, 1]).expand([3, 6, 24]);
+        let x_noisy = x.clone().mask_where(keep, noise);
+        let mut input = MhaInput::self_attn(x_noisy).mask(mask.clone());
+        if causal {
+            input = input.causal();
+        }
+        let noisy = mha.forward(input).context;
+        for (b, &len) in lengths.iter().enumerate() {
+            let alone_in = x.clone().narrow(0, b, 1).narrow(1, 0, len);
+            let mut input = MhaInput::self_attn(alone_in);
+            if causal {
+                input = input.causal();
+            }
+            let alone = mha.forward(input).context;
+            let real = |t: &Tensor<Cpu, 3>| t.clone().narrow(0, b, 1).narrow(1, 0, len);
+            assert!(max_abs_diff(&real(&batched), &alone) <= 1e-5, "row {b}, causal {causal}");
+            assert!(max_abs_diff(&real(&noisy), &alone) <= 1e-5, "row {b}, causal {causal}, noisy pad");
+        }
+    }
+}
+
+/// Without positions, self-attention is permutation-equivariant: permuting the tokens permutes
+/// the outputs the same way.
+#[test]
+fn self_attention_is_permutation_equivariant() {
+    let device = Default::default();
+    let mut rng = TestRng::new(6);
+    let mha = random_mha::<Cpu>(16, 4, 4);
+    let x = rng.tensor::<Cpu, 3>([2, 5, 16], 1.0, &device);
+    let perm = indices::<Cpu>(&[3, 0, 4, 1, 2]);
+    let out = mha.forward(MhaInput::self_attn(x.clone())).context;
+    let out_of_permuted = mha
+        .forward(MhaInput::self_attn(x.select(1, perm.clone())))
+        .context;
+    assert!(max_abs_diff(&out.select(1, perm), &out_of_permuted) <= 1e-5);
+}
+
+/// Random q, k, v, masks (some rows fully masked) and biases: the fused and reference paths
+/// agree (≤ 1e-5) on ndarray and on flex, and fully masked rows are exactly zero on both.
+fn fused_and_reference_agree<B: Backend>() {
+    let device = Default::default();
+    let mut rng = TestRng::new(7);
+    for trial in 0..6 {
+        let (batch, heads, seq_q, seq_k, d_k) = (2, 3, 1 + rng.below(6), 1 + rng.below(9), 8);
+        let q = rng.tensor::<B, 4>([batch, heads, seq_q, d_k], 1.0, &device);
+        let k = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
+        let v = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
+        let ignored: Vec<bool> = (0..batch * seq_q * seq_k).map(|_| rng.below(3) == 0).collect();
+        let mut ignored_rows = ignored.clone();
+        // Fully mask query row 0 of batch 1.
+        for kk in 0..seq_k {
+            ignored_rows[seq_q * seq_k + kk] = true;
+        }
+        let mask = AttnMask::from_tensor(Tensor::from_data(
+            TensorData::new(ignored_rows, [batch, 1, seq_q, seq_k]),
+            &device,
+        ));
+        let mut options = AttentionOptions::default().with_mask(mask);
+        if trial % 2 == 1 {
+            options = options.with_bias(rng.tensor::<B, 4>([1, heads, seq_q, seq_k], 1.0, &device));
+        }
+        if trial % 3 == 2 {
+            options = options.with_scale(0.3);
+        }
+        let reference = attention_reference(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
+        let fused = attention_fused(q, k, v, options).unwrap();
+        assert_tensors_close(&fused, &reference.context, 1e-5, 0.0, &format!("trial {trial}"));
+        let zero_row = fused.clone().narrow(0, 1, 1).narrow(2, 0, 1);
+        assert!(to_vec(&zero_row).iter().all(|&x| x == 0.0), "fully masked row is not zero: {zero_row}");
+        let weights = reference.weights.unwrap();
+        assert!(to_vec(&weights).iter().all(|x| x.is_finite()));
+        let zero_weights = weights.narrow(0, 1, 1).narrow(2, 0, 1);
+        assert!(to_vec(&zero_weights).iter().all(|&x| x == 0.0));
+    }
+}
+
+#[test]
+fn fused_and_reference_agree_ndarray() {
+    fused_and_reference_agree::<NdArray<f32>>();
+}
+
+#[test]
+fn fused_and_reference_agree_flex() {
+    fused_and_reference_agree::<Flex>();
+}
+
+/// Key padding for the gradient test: the last of five keys is ignored.
+fn key_padding<B: Backend>() -> AttnMask<B> {
+    AttnMask::padding_from_lengths(&[4], 5, &Default::default()).unwrap()
+}
+
+/// Gradients of `sum(Attention(Q, K, V) ⊙ R)` w.r.t. Q, K and V equal central finite
+/// differences (f64, step 1e-6, tolerance 1e-6 absolute + 1e-5 relative), through both paths.
+#[test]
+fn gradients_match_finite_differences() {
+    type B = Autodiff<NdArray<f64>>;
+    type Inner = NdArray<f64>;
+    let device = Default::default();
+    let mut rng = TestRng::new(8);
+    let shape_q = [1, 2, 3, 4];
+    let shape_k = [1, 2, 5, 4];
+    let q0 = rng.tensor::<Inner, 4>(shape_q, 1.0, &device);
+    let k0 = rng.tensor::<Inner, 4>(shape_k, 1.0, &device);
+    let v0 = rng.tensor::<Inner, 4>(shape_k, 1.0, &device);
+    let r = rng.tensor::<Inner, 4>(shape_q, 1.0, &device);
+
+    let loss_inner = |q: Tensor<Inner, 4>, k: Tensor<Inner, 4>, v: Tensor<Inner, 4>| -> f64 {
+        let opts = AttentionOptions::default().with_mask(key_padding());
+        let ctx = scaled_dot_product_attention(q, k, v, opts).unwrap().context;
+        (ctx * r.clone()).sum().into_scalar()
+    };
+
+    for need_weights in [false, true] {
+        let q = Tensor::<B, 4>::from_inner(q0.clone()).require_grad();
+        let k = Tensor::<B, 4>::from_inner(k0.clone()).require_grad();
+        let v = Tensor::<B, 4>::from_inner(v0.clone()).require_grad();
+        let opts = AttentionOptions::default()
+            .with_mask(key_padding())
+            .with_weights(need_weights);
+        let ctx = scaled_dot_product_attention(q.clone(), k.clone(), v.clone(), opts)
+            .unwrap()
+            .context;
+        let grads = (ctx * Tensor::<B, 4>::from_inner(r.clone())).sum().backward();
+        let analytic = [
+            q.grad(&grads).unwrap(),
+            k.grad(&grads).unwrap(),
+            v.grad(&grads).unwrap(),
+        ];
+        let inputs = [q0.clone(), k0.clone(), v0.clone()];
+        let eps = 1e-6;
+        for (which, grad) in analytic.iter().enumerate() {
+            let grad = to_vec(grad);
+            let base = to_vec(&inputs[which]);
+            let shape = inputs[which].dims();
+            for i in 0..base.len() {
+                let perturbed = |delta: f64| {
+                    let mut values = base.clone();
+                    values[i] += delta;
+                    let t = float_tensor::<Inner, 4>(values, shape.to_vec(), &device);
+                    let mut args = inputs.clone();
+                    args[which] = t;
+                    let [q, k, v] = args;
+                    loss_inner(q, k, v)
+                };
+                let numeric = (perturbed(eps) - perturbed(-eps)) / (2.0 * eps);
+                let tol = 1e-6 + 1e-5 * numeric.abs();
+                assert!(
+                    (grad[i] - numeric).abs() <= tol,
+                    "d loss / d {}[{i}] (weights path: {need_weights}): autodiff {} vs finite \
+                     difference {numeric}",
+                    ["Q", "K", "V"][which],
+                    grad[i]
+                );
+            }
+        }
+    }
+}
+
+/// Grouped-query attention equals full multi-head attention whose key/value heads are copies
+/// of the shared ones.
+#[test]
+fn grouped_query_attention_equals_repeated_heads() {
+    let device = Default::default();
+    let mut rng = TestRng::new(9);
+    let (d_model, n_heads, n_kv, d_k) = (24, 6, 2, 4);
+    let gqa = random_mha::<Cpu>(d_model, n_heads, n_kv);
+    let mut full = random_mha::<Cpu>(d_model, n_heads, n_heads);
+    // Copy values (not clones: burn parameters are initialised lazily, and a clone of an
+    // uninitialised parameter draws its own random values).
+    let copy = |src: &Linear<Cpu>, columns: Option<&Tensor<Cpu, 1, Int>>| {
+        let (mut weight, mut bias) = (src.weight.val(), src.bias.as_ref().unwrap().val());
+        if let Some(idx) = columns {
+            weight = weight.select(1, idx.clone());
+            bias = bias.select(0, idx.clone());
+        }
+        Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(bias)) }
+    };
+    // Query head h uses key/value head h / group: its columns are that head's block.
+    let group = n_heads / n_kv;
+    let head_index: Vec<i64> = (0..n_heads)
+        .flat_map(|h| (0..d_k).map(move |c| ((h / group) * d_k + c) as i64))
+        .collect();
+    let idx = indices::<Cpu>(&head_index);
+    full.query = copy(&gqa.query, None);
+    full.output = copy(&gqa.output, None);
+    full.key = copy(&gqa.key, Some(&idx));
+    full.value = copy(&gqa.value, Some(&idx));
+    let x = rng.tensor::<Cpu, 3>([2, 5, d_model], 1.0, &device);
+    let a = gqa.forward(MhaInput::self_attn(x.clone()).causal().need_weights());
+    let b = full.forward(MhaInput::self_attn(x).causal().need_weights());
+    assert!(max_abs_diff(&a.context, &b.context) <= 1e-5);
+    assert!(max_abs_diff(&a.weights.unwrap(), &b.weights.unwrap()) <= 1e-6);
+}
+
+/// Attention dropout acts on the weights after softmax: under autodiff (training) each weight is
+/// either dropped (0) or scaled by 1/(1-p); with the inner backend (inference) it is inactive.
+#[test]
+fn dropout_is_applied_to_weights_after_softmax() {
+    type B = Autodiff<NdArray<f32>>;
+    let device = Default::default();
+    let mut rng = TestRng::new(10);
+    let q = rng.tensor::<NdArray<f32>, 4>([1, 2, 4, 8], 1.0, &device);
+    let k = rng.tensor::<NdArray<f32>, 4>([1, 2, 6, 8], 1.0, &device);
+    let v = rng.tensor::<NdArray<f32>, 4>([1, 2, 6, 8], 1.0, &device);
+    let p = 0.5;
+    let plain = attention_reference(q.clone(), k.clone(), v.clone(), AttentionOptions::default())
+        .unwrap()
+        .weights
+        .unwrap();
+    let inference = scaled_dot_product_attention(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        AttentionOptions::default().with_dropout(p).with_weights(true),
+    )
+    .unwrap()
+    .weights
+    .unwrap();
+    assert!(max_abs_diff(&plain, &inference) == 0.0, "dropout must be inactive without autodiff");
+    let trained = scaled_dot_product_attention(
+        Tensor::<B, 4>::from_inner(q),
+        Tensor::<B, 4>::from_inner(k),
+        Tensor::<B, 4>::from_inner(v),
+        AttentionOptions::default().with_dropout(p).with_weights(true),
+    )
+    .unwrap()
+    .weights
+    .unwrap()
+    .inner();
+    let (mut dropped, mut kept) = (0, 0);
+    for (t, w) in to_vec(&trained).into_iter().zip(to_vec(&plain)) {
+        if t == 0.0 {
+            dropped += 1;
+        } else {
+            kept += 1;
+            assert!((t - w / (1.0 - p)).abs() <= 1e-6, "kept weight {t} is not {w} / (1 - {p})");
+        }
+    }
+    assert!(dropped > 0 && kept > 0, "dropped {dropped}, kept {kept}");
+}
