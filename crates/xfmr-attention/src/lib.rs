@@ -6,9 +6,10 @@
 //! - [`AttnMask`]: padding, causal and combined masks. **One polarity everywhere: `true` means
 //!   ignored** (burn's and PyTorch's convention); [`AttnMask::from_keep_mask`] converts Hugging
 //!   Face's `attention_mask` (1 = attend).
-//! - [`scaled_dot_product_attention`]: `softmax(QKᵀ/√d_k + M + A) V` with a fused fast path and a
-//!   reference path ([`attention_reference`]) that materialises the weights. A query whose keys
-//!   are all ignored yields a zero row, never NaN.
+//! - [`scaled_dot_product_attention`]: `softmax(QKᵀ/√d_k + M + A) V` through burn's fused op
+//!   ([`attention_fused`]), a faster decomposition ([`attention_decomposed`]) or the reference path
+//!   that materialises the weights ([`attention_reference`]); [`AttentionKernel`] chooses. A query
+//!   whose keys are all ignored yields a zero row, never NaN.
 //! - [`MultiHeadAttention`]: self- and cross-attention, grouped key/value heads, per-projection
 //!   bias switches, optional weights, PyTorch import ([`MultiHeadAttention::load_torch`]).
 //! - [`KvCache`]: keys/values kept across incremental decoding steps; reorderable along the batch
@@ -51,7 +52,7 @@ pub use error::AttentionError;
 pub use mask::AttnMask;
 pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use sdpa::{
-    attention_fused, attention_reference, scaled_dot_product_attention, AttentionOptions,
-    AttentionOutput,
+    attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
+    AttentionKernel, AttentionOptions, AttentionOutput,
 };
 pub use torch::{linear_from_torch, load_linear_torch, TorchMhaWeights};

@@ -197,8 +197,7 @@ pub(crate) fn check_broadcast(
     actual: [usize; 4],
     expected: [usize; 4],
 ) -> Result<(), AttentionError> {
-    let ok = actual[3] == expected[3]
-        && (0..3).all(|i| actual[i] == expected[i] || actual[i] == 1);
+    let ok = actual[3] == expected[3] && (0..3).all(|i| actual[i] == expected[i] || actual[i] == 1);
     if ok {
         Ok(())
     } else {

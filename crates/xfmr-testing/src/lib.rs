@@ -177,7 +177,11 @@ impl Fixture {
     }
 
     /// Tensor `name` as a float tensor of rank `D` on `device`.
-    pub fn float<B: Backend, const D: usize>(&self, name: &str, device: &B::Device) -> Tensor<B, D> {
+    pub fn float<B: Backend, const D: usize>(
+        &self,
+        name: &str,
+        device: &B::Device,
+    ) -> Tensor<B, D> {
         let t = self.host(name);
         self.check_rank::<D>(name, t);
         float_tensor(t.values.clone(), t.shape.clone(), device)
@@ -229,7 +233,10 @@ pub fn float_tensor<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Tensor<B, D> {
     let dtype = <B::FloatElem as Element>::dtype();
-    Tensor::from_data(TensorData::new(values, shape).convert_dtype(dtype), (device, dtype))
+    Tensor::from_data(
+        TensorData::new(values, shape).convert_dtype(dtype),
+        (device, dtype),
+    )
 }
 
 /// Host copy of any float tensor as `f64`s.

@@ -1,1 +1,17 @@
-pub fn f(){}
+//! # xfmr
+//!
+//! Transformer building blocks from *Attention Is All You Need* (Vaswani et al., 2017) on
+//! [burn](https://burn.dev), generic over backends. This facade re-exports the layered crates:
+//!
+//! - [`attention`] (`xfmr-attention`): masks, scaled dot-product and multi-head attention,
+//!   key/value cache.
+//!
+//! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
+//! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
+
+#![warn(missing_docs)]
+
+pub use xfmr_attention as attention;
+
+/// burn itself, re-exported so that users get the exact version xfmr is built against.
+pub use burn;

@@ -8,21 +8,29 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_attention::{
-    attention_fused, attention_reference, scaled_dot_product_attention, AttentionOptions, AttnMask,
-    KvCache, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig,
+    attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
+    AttentionKernel, AttentionOptions, AttnMask, KvCache, MhaInput, MultiHeadAttention,
+    MultiHeadAttentionConfig,
 };
 use xfmr_testing::{assert_tensors_close, float_tensor, max_abs_diff, to_vec, TestRng};
 
 use crate::Cpu;
 
-fn random_mha<B: Backend>(d_model: usize, n_heads: usize, n_kv_heads: usize) -> MultiHeadAttention<B> {
+fn random_mha<B: Backend>(
+    d_model: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+) -> MultiHeadAttention<B> {
     MultiHeadAttentionConfig::new(d_model, n_heads)
         .with_n_kv_heads(Some(n_kv_heads))
         .init(&Default::default())
 }
 
 fn indices<B: Backend>(values: &[i64]) -> Tensor<B, 1, Int> {
-    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), &Default::default())
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        &Default::default(),
+    )
 }
 
 /// Decoding one token at a time, and in uneven chunks, through the cache equals one causal pass
@@ -45,18 +53,27 @@ fn cached_decoding_equals_full_causal_pass() {
             .collect();
         assert_eq!(cache.len(), 7);
         let stepped = Tensor::cat(steps, 1);
-        assert!(max_abs_diff(&full, &stepped) <= 1e-5, "kv heads {n_kv_heads}: one token at a time");
+        assert!(
+            max_abs_diff(&full, &stepped) <= 1e-5,
+            "kv heads {n_kv_heads}: one token at a time"
+        );
 
         let mut cache = KvCache::new();
         let chunks: Vec<_> = [(0, 3), (3, 1), (4, 3)]
             .into_iter()
             .map(|(start, len)| {
-                mha.forward_cached(MhaInput::self_attn(x.clone().narrow(1, start, len)), &mut cache)
-                    .context
+                mha.forward_cached(
+                    MhaInput::self_attn(x.clone().narrow(1, start, len)),
+                    &mut cache,
+                )
+                .context
             })
             .collect();
         let chunked = Tensor::cat(chunks, 1);
-        assert!(max_abs_diff(&full, &chunked) <= 1e-5, "kv heads {n_kv_heads}: chunks 3+1+3");
+        assert!(
+            max_abs_diff(&full, &chunked) <= 1e-5,
+            "kv heads {n_kv_heads}: chunks 3+1+3"
+        );
     }
 }
 
@@ -112,7 +129,11 @@ fn cached_cross_attention_equals_uncached() {
             )
             .context,
         );
-        assert_eq!(cache.len(), 6, "memory keys are projected once, never appended");
+        assert_eq!(
+            cache.len(),
+            6,
+            "memory keys are projected once, never appended"
+        );
     }
     assert!(max_abs_diff(&full, &Tensor::cat(steps, 1)) <= 1e-5);
     // The explicitly projected memory is the same cache.
@@ -136,7 +157,10 @@ fn cache_reorder_and_truncate() {
     assert_eq!(cache.batch_size(), Some(3));
     let x_reordered = x.clone().select(0, indices(&order));
     let last = mha
-        .forward_cached(MhaInput::self_attn(x_reordered.clone().narrow(1, 3, 1)), &mut cache)
+        .forward_cached(
+            MhaInput::self_attn(x_reordered.clone().narrow(1, 3, 1)),
+            &mut cache,
+        )
         .context;
     let expected = mha
         .forward(MhaInput::self_attn(x_reordered).causal())
@@ -182,8 +206,14 @@ fn padding_never_changes_unpadded_outputs() {
             }
             let alone = mha.forward(input).context;
             let real = |t: &Tensor<Cpu, 3>| t.clone().narrow(0, b, 1).narrow(1, 0, len);
-            assert!(max_abs_diff(&real(&batched), &alone) <= 1e-5, "row {b}, causal {causal}");
-            assert!(max_abs_diff(&real(&noisy), &alone) <= 1e-5, "row {b}, causal {causal}, noisy pad");
+            assert!(
+                max_abs_diff(&real(&batched), &alone) <= 1e-5,
+                "row {b}, causal {causal}"
+            );
+            assert!(
+                max_abs_diff(&real(&noisy), &alone) <= 1e-5,
+                "row {b}, causal {causal}, noisy pad"
+            );
         }
     }
 }
@@ -204,9 +234,9 @@ fn self_attention_is_permutation_equivariant() {
     assert!(max_abs_diff(&out.select(1, perm), &out_of_permuted) <= 1e-5);
 }
 
-/// Random q, k, v, masks (some rows fully masked) and biases: the fused and reference paths
-/// agree (≤ 1e-5) on ndarray and on flex, and fully masked rows are exactly zero on both.
-fn fused_and_reference_agree<B: Backend>() {
+/// Random q, k, v, masks (some rows fully masked) and biases: the fused, decomposed and reference
+/// paths agree (≤ 1e-5) on ndarray and on flex, and fully masked rows are exactly zero on all.
+fn attention_paths_agree<B: Backend>() {
     let device = Default::default();
     let mut rng = TestRng::new(7);
     for trial in 0..6 {
@@ -214,7 +244,9 @@ fn fused_and_reference_agree<B: Backend>() {
         let q = rng.tensor::<B, 4>([batch, heads, seq_q, d_k], 1.0, &device);
         let k = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
         let v = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
-        let ignored: Vec<bool> = (0..batch * seq_q * seq_k).map(|_| rng.below(3) == 0).collect();
+        let ignored: Vec<bool> = (0..batch * seq_q * seq_k)
+            .map(|_| rng.below(3) == 0)
+            .collect();
         let mut ignored_rows = ignored.clone();
         // Fully mask query row 0 of batch 1.
         for kk in 0..seq_k {
@@ -231,11 +263,24 @@ fn fused_and_reference_agree<B: Backend>() {
         if trial % 3 == 2 {
             options = options.with_scale(0.3);
         }
-        let reference = attention_reference(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
-        let fused = attention_fused(q, k, v, options).unwrap();
-        assert_tensors_close(&fused, &reference.context, 1e-5, 0.0, &format!("trial {trial}"));
-        let zero_row = fused.clone().narrow(0, 1, 1).narrow(2, 0, 1);
-        assert!(to_vec(&zero_row).iter().all(|&x| x == 0.0), "fully masked row is not zero: {zero_row}");
+        let reference =
+            attention_reference(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
+        let fused = attention_fused(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
+        let decomposed = attention_decomposed(q, k, v, options).unwrap();
+        for (path, context) in [("fused", &fused), ("decomposed", &decomposed)] {
+            assert_tensors_close(
+                context,
+                &reference.context,
+                1e-5,
+                0.0,
+                &format!("trial {trial}, {path}"),
+            );
+            let zero_row = context.clone().narrow(0, 1, 1).narrow(2, 0, 1);
+            assert!(
+                to_vec(&zero_row).iter().all(|&x| x == 0.0),
+                "{path}: fully masked row is not zero: {zero_row}"
+            );
+        }
         let weights = reference.weights.unwrap();
         assert!(to_vec(&weights).iter().all(|x| x.is_finite()));
         let zero_weights = weights.narrow(0, 1, 1).narrow(2, 0, 1);
@@ -244,13 +289,13 @@ fn fused_and_reference_agree<B: Backend>() {
 }
 
 #[test]
-fn fused_and_reference_agree_ndarray() {
-    fused_and_reference_agree::<NdArray<f32>>();
+fn attention_paths_agree_ndarray() {
+    attention_paths_agree::<NdArray<f32>>();
 }
 
 #[test]
-fn fused_and_reference_agree_flex() {
-    fused_and_reference_agree::<Flex>();
+fn attention_paths_agree_flex() {
+    attention_paths_agree::<Flex>();
 }
 
 /// Key padding for the gradient test: the last of five keys is ignored.
@@ -279,17 +324,24 @@ fn gradients_match_finite_differences() {
         (ctx * r.clone()).sum().into_scalar()
     };
 
-    for need_weights in [false, true] {
+    for (need_weights, kernel) in [
+        (false, AttentionKernel::Fused),
+        (false, AttentionKernel::Decomposed),
+        (true, AttentionKernel::Auto),
+    ] {
         let q = Tensor::<B, 4>::from_inner(q0.clone()).require_grad();
         let k = Tensor::<B, 4>::from_inner(k0.clone()).require_grad();
         let v = Tensor::<B, 4>::from_inner(v0.clone()).require_grad();
         let opts = AttentionOptions::default()
             .with_mask(key_padding())
-            .with_weights(need_weights);
+            .with_weights(need_weights)
+            .with_kernel(kernel);
         let ctx = scaled_dot_product_attention(q.clone(), k.clone(), v.clone(), opts)
             .unwrap()
             .context;
-        let grads = (ctx * Tensor::<B, 4>::from_inner(r.clone())).sum().backward();
+        let grads = (ctx * Tensor::<B, 4>::from_inner(r.clone()))
+            .sum()
+            .backward();
         let analytic = [
             q.grad(&grads).unwrap(),
             k.grad(&grads).unwrap(),
@@ -315,7 +367,7 @@ fn gradients_match_finite_differences() {
                 let tol = 1e-6 + 1e-5 * numeric.abs();
                 assert!(
                     (grad[i] - numeric).abs() <= tol,
-                    "d loss / d {}[{i}] (weights path: {need_weights}): autodiff {} vs finite \
+                    "d loss / d {}[{i}] ({kernel:?}, weights {need_weights}): autodiff {} vs finite \
                      difference {numeric}",
                     ["Q", "K", "V"][which],
                     grad[i]
@@ -342,7 +394,10 @@ fn grouped_query_attention_equals_repeated_heads() {
             weight = weight.select(1, idx.clone());
             bias = bias.select(0, idx.clone());
         }
-        Linear { weight: Param::from_tensor(weight), bias: Some(Param::from_tensor(bias)) }
+        Linear {
+            weight: Param::from_tensor(weight),
+            bias: Some(Param::from_tensor(bias)),
+        }
     };
     // Query head h uses key/value head h / group: its columns are that head's block.
     let group = n_heads / n_kv;
@@ -380,17 +435,24 @@ fn dropout_is_applied_to_weights_after_softmax() {
         q.clone(),
         k.clone(),
         v.clone(),
-        AttentionOptions::default().with_dropout(p).with_weights(true),
+        AttentionOptions::default()
+            .with_dropout(p)
+            .with_weights(true),
     )
     .unwrap()
     .weights
     .unwrap();
-    assert!(max_abs_diff(&plain, &inference) == 0.0, "dropout must be inactive without autodiff");
+    assert!(
+        max_abs_diff(&plain, &inference) == 0.0,
+        "dropout must be inactive without autodiff"
+    );
     let trained = scaled_dot_product_attention(
         Tensor::<B, 4>::from_inner(q),
         Tensor::<B, 4>::from_inner(k),
         Tensor::<B, 4>::from_inner(v),
-        AttentionOptions::default().with_dropout(p).with_weights(true),
+        AttentionOptions::default()
+            .with_dropout(p)
+            .with_weights(true),
     )
     .unwrap()
     .weights
@@ -402,7 +464,10 @@ fn dropout_is_applied_to_weights_after_softmax() {
             dropped += 1;
         } else {
             kept += 1;
-            assert!((t - w / (1.0 - p)).abs() <= 1e-6, "kept weight {t} is not {w} / (1 - {p})");
+            assert!(
+                (t - w / (1.0 - p)).abs() <= 1e-6,
+                "kept weight {t} is not {w} / (1 - {p})"
+            );
         }
     }
     assert!(dropped > 0 && kept > 0, "dropped {dropped}, kept {kept}");

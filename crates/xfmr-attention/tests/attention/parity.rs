@@ -5,13 +5,19 @@
 
 use burn::backend::{Autodiff, Flex, NdArray, Wgpu};
 use burn::tensor::backend::Backend;
-use xfmr_attention::{AttnMask, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig, TorchMhaWeights};
+use xfmr_attention::{
+    AttentionKernel, AttnMask, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig,
+    TorchMhaWeights,
+};
 use xfmr_testing::{assert_close, Fixture};
 
 const FIXTURES: [&str; 3] = ["mha_self_padmask", "mha_causal", "mha_cross"];
 
 /// The layer with the fixture's weights, and its input with every mask the fixture has.
-fn layer_and_input<B: Backend>(fx: &Fixture, device: &B::Device) -> (MultiHeadAttention<B>, MhaInput<B>) {
+fn layer_and_input<B: Backend>(
+    fx: &Fixture,
+    device: &B::Device,
+) -> (MultiHeadAttention<B>, MhaInput<B>) {
     let d_model = fx.config_usize("d_model");
     let n_heads = fx.config_usize("n_heads");
     let mha = MultiHeadAttentionConfig::new(d_model, n_heads)
@@ -24,7 +30,10 @@ fn layer_and_input<B: Backend>(fx: &Fixture, device: &B::Device) -> (MultiHeadAt
         })
         .expect("fixture weights load");
     let mut input = if fx.has("input.memory") {
-        MhaInput::cross(fx.float("input.query", device), fx.float("input.memory", device))
+        MhaInput::cross(
+            fx.float("input.query", device),
+            fx.float("input.memory", device),
+        )
     } else {
         MhaInput::self_attn(fx.float("input.x", device))
     };
@@ -43,16 +52,41 @@ fn check_parity<B: Backend>(atol: f64) {
     let device = B::Device::default();
     for name in FIXTURES {
         let fx = Fixture::load(&format!("torch/{name}"));
-        let (mha, input) = layer_and_input::<B>(&fx, &device);
+        let (mut mha, input) = layer_and_input::<B>(&fx, &device);
         // Reference path (weights requested).
         let out = mha.forward(input.clone().need_weights());
-        assert_close(&out.context, fx.host("output.context"), atol, 0.0, &format!("{name}: context (reference path)"));
+        assert_close(
+            &out.context,
+            fx.host("output.context"),
+            atol,
+            0.0,
+            &format!("{name}: context (reference path)"),
+        );
         let weights = out.weights.expect("weights were requested");
-        assert_close(&weights, fx.host("output.weights"), atol, 0.0, &format!("{name}: per-head weights"));
-        // Fused path (no weights).
-        let out = mha.forward(input);
-        assert!(out.weights.is_none());
-        assert_close(&out.context, fx.host("output.context"), atol, 0.0, &format!("{name}: context (fused path)"));
+        assert_close(
+            &weights,
+            fx.host("output.weights"),
+            atol,
+            0.0,
+            &format!("{name}: per-head weights"),
+        );
+        // Without weights: each kernel.
+        for kernel in [
+            AttentionKernel::Fused,
+            AttentionKernel::Decomposed,
+            AttentionKernel::Auto,
+        ] {
+            mha.kernel = kernel;
+            let out = mha.forward(input.clone());
+            assert!(out.weights.is_none());
+            assert_close(
+                &out.context,
+                fx.host("output.context"),
+                atol,
+                0.0,
+                &format!("{name}: context ({kernel:?} kernel)"),
+            );
+        }
     }
 }
 

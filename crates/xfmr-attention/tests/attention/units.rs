@@ -19,22 +19,39 @@ fn padding_masks_agree_across_constructors() {
     let expected = vec![false, false, false, true, false, true, true, true];
     assert_eq!(bools(&from_lengths), expected);
 
-    let ids = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![5i64, 6, 7, 0, 9, 0, 0, 0], [2, 4]), &device);
+    let ids = Tensor::<Cpu, 2, Int>::from_data(
+        TensorData::new(vec![5i64, 6, 7, 0, 9, 0, 0, 0], [2, 4]),
+        &device,
+    );
     assert_eq!(bools(&AttnMask::padding_from_ids(ids, 0)), expected);
 
     // Hugging Face keep-mask: 1 = attend, the opposite polarity.
-    let keep = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![1i64, 1, 1, 0, 1, 0, 0, 0], [2, 4]), &device);
+    let keep = Tensor::<Cpu, 2, Int>::from_data(
+        TensorData::new(vec![1i64, 1, 1, 0, 1, 0, 0, 0], [2, 4]),
+        &device,
+    );
     assert_eq!(bools(&AttnMask::from_keep_mask(keep)), expected);
 
-    let ignored = Tensor::<Cpu, 2, Bool>::from_data(TensorData::new(expected.clone(), [2, 4]), &device);
+    let ignored =
+        Tensor::<Cpu, 2, Bool>::from_data(TensorData::new(expected.clone(), [2, 4]), &device);
     assert_eq!(bools(&AttnMask::from_key_padding(ignored)), expected);
 }
 
 #[test]
 fn padding_length_too_long_is_an_error() {
     let err = AttnMask::<Cpu>::padding_from_lengths(&[2, 9], 4, &Default::default()).unwrap_err();
-    assert_eq!(err, AttentionError::LengthTooLong { index: 1, length: 9, seq_len: 4 });
-    assert_eq!(err.to_string(), "length 9 of sequence 1 exceeds the padded length 4");
+    assert_eq!(
+        err,
+        AttentionError::LengthTooLong {
+            index: 1,
+            length: 9,
+            seq_len: 4
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "length 9 of sequence 1 exceeds the padded length 4"
+    );
 }
 
 #[test]
@@ -78,11 +95,26 @@ fn union_ignores_what_either_mask_ignores() {
 #[test]
 fn invalid_configs_are_typed_errors_with_values() {
     let cases: [(MultiHeadAttentionConfig, &str); 5] = [
-        (MultiHeadAttentionConfig::new(30, 4), "d_model (30) must be divisible by n_heads (4)"),
-        (MultiHeadAttentionConfig::new(32, 0), "`n_heads` must be positive, got 0"),
-        (MultiHeadAttentionConfig::new(32, 4).with_n_kv_heads(Some(3)), "n_heads (4) must be a multiple of n_kv_heads (3)"),
-        (MultiHeadAttentionConfig::new(32, 4).with_dropout(1.0), "dropout probability must be in [0, 1), got 1"),
-        (MultiHeadAttentionConfig::new(32, 4).with_dropout(-0.1), "dropout probability must be in [0, 1), got -0.1"),
+        (
+            MultiHeadAttentionConfig::new(30, 4),
+            "d_model (30) must be divisible by n_heads (4)",
+        ),
+        (
+            MultiHeadAttentionConfig::new(32, 0),
+            "`n_heads` must be positive, got 0",
+        ),
+        (
+            MultiHeadAttentionConfig::new(32, 4).with_n_kv_heads(Some(3)),
+            "n_heads (4) must be a multiple of n_kv_heads (3)",
+        ),
+        (
+            MultiHeadAttentionConfig::new(32, 4).with_dropout(1.0),
+            "dropout probability must be in [0, 1), got 1",
+        ),
+        (
+            MultiHeadAttentionConfig::new(32, 4).with_dropout(-0.1),
+            "dropout probability must be in [0, 1), got -0.1",
+        ),
     ];
     for (config, message) in cases {
         let err = config.try_init::<Cpu>(&Default::default()).unwrap_err();
@@ -96,19 +128,30 @@ fn mismatched_mask_and_inputs_are_typed_errors() {
     let mha = MultiHeadAttentionConfig::new(8, 2).init::<Cpu>(&device);
     let x = Tensor::<Cpu, 3>::zeros([2, 3, 8], &device);
     let wrong = AttnMask::padding_from_lengths(&[3, 3], 4, &device).unwrap();
-    let err = mha.try_forward(MhaInput::self_attn(x.clone()).mask(wrong)).unwrap_err();
+    let err = mha
+        .try_forward(MhaInput::self_attn(x.clone()).mask(wrong))
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "mask of shape [2, 1, 1, 4] does not broadcast to the attention scores \
          [batch, heads, seq_q, seq_k] = [2, 2, 3, 3] (each dimension must match or be 1)"
     );
     let err = mha
-        .try_forward(MhaInput::self_attn(Tensor::<Cpu, 3>::zeros([2, 3, 6], &device)))
+        .try_forward(MhaInput::self_attn(Tensor::<Cpu, 3>::zeros(
+            [2, 3, 6],
+            &device,
+        )))
         .unwrap_err();
-    assert_eq!(err.to_string(), "query has shape [2, 3, 6], expected [batch, seq, 8]");
+    assert_eq!(
+        err.to_string(),
+        "query has shape [2, 3, 6], expected [batch, seq, 8]"
+    );
     let memory = Tensor::<Cpu, 3>::zeros([1, 5, 8], &device);
     let err = mha.try_forward(MhaInput::cross(x, memory)).unwrap_err();
-    assert_eq!(err.to_string(), "memory has shape [1, 5, 8], expected [2, seq_k, 8]");
+    assert_eq!(
+        err.to_string(),
+        "memory has shape [1, 5, 8], expected [2, seq_k, 8]"
+    );
 }
 
 #[test]
@@ -132,9 +175,15 @@ fn torch_import_rejects_wrong_shapes_and_bias_mismatch() {
     };
     let mha = || MultiHeadAttentionConfig::new(8, 2).init::<Cpu>(&device);
     let err = mha().load_torch(weights(20, true)).unwrap_err();
-    assert_eq!(err.to_string(), "weight `in_proj_weight` has shape [20, 8], expected [24, 8]");
+    assert_eq!(
+        err.to_string(),
+        "weight `in_proj_weight` has shape [20, 8], expected [24, 8]"
+    );
     let err = mha().load_torch(weights(24, false)).unwrap_err();
-    assert_eq!(err.to_string(), "weight `in_proj (query)`: bias missing but the module is configured with a bias");
+    assert_eq!(
+        err.to_string(),
+        "weight `in_proj (query)`: bias missing but the module is configured with a bias"
+    );
     let no_bias = MultiHeadAttentionConfig::new(8, 2)
         .with_query_bias(false)
         .with_key_bias(false)
