@@ -5,6 +5,8 @@
 //!
 //! - [`attention`] (`xfmr-attention`): masks, scaled dot-product and multi-head attention,
 //!   key/value cache.
+//! - [`position`] (`xfmr-position`): sinusoidal, learned, rotary (RoPE) and ALiBi positions, and
+//!   how they join embeddings.
 //!
 //! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
 //! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
@@ -12,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub use xfmr_attention as attention;
+pub use xfmr_position as position;
 
 /// burn itself, re-exported so that users get the exact version xfmr is built against.
 pub use burn;
