@@ -89,6 +89,10 @@ pub enum AttentionError {
         /// Whether the checkpoint had a bias.
         given: bool,
     },
+    /// A rotation of queries and keys (RoPE) was given for cross-attention, where queries and keys
+    /// come from different sequences whose positions do not relate.
+    #[error("rotary position embeddings apply to self-attention only, not cross-attention")]
+    RotaryCrossAttention,
     /// Truncating a cache to more entries than it holds.
     #[error("cannot truncate a key/value cache of length {len} to {requested}")]
     CacheTruncate {

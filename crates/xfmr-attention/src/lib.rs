@@ -44,6 +44,7 @@ mod cache;
 mod error;
 mod mask;
 mod mha;
+mod rotation;
 mod sdpa;
 mod torch;
 
@@ -51,6 +52,7 @@ pub use cache::KvCache;
 pub use error::AttentionError;
 pub use mask::AttnMask;
 pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use rotation::QkRotation;
 pub use sdpa::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
     AttentionKernel, AttentionOptions, AttentionOutput,

@@ -12,6 +12,8 @@
 //! heads, each shared by `n_heads / n_kv_heads` query heads (GQA; `n_kv_heads = 1` is multi-query
 //! attention). With the default `n_kv_heads = n_heads` it is the paper's layer.
 
+use std::sync::Arc;
+
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::nn::Linear;
@@ -20,7 +22,7 @@ use burn::tensor::{backend::Backend, Tensor};
 use crate::sdpa::{
     scaled_dot_product_attention, AttentionKernel, AttentionOptions, AttentionOutput,
 };
-use crate::{AttentionError, AttnMask, KvCache};
+use crate::{AttentionError, AttnMask, KvCache, QkRotation};
 
 /// Configuration of [`MultiHeadAttention`].
 #[derive(Config, Debug)]
@@ -187,6 +189,7 @@ pub struct MhaInput<B: Backend> {
     memory: Option<Tensor<B, 3>>,
     mask: Option<AttnMask<B>>,
     bias: Option<Tensor<B, 4>>,
+    rotation: Option<Arc<dyn QkRotation<B>>>,
     causal: bool,
     need_weights: bool,
 }
@@ -199,6 +202,7 @@ impl<B: Backend> MhaInput<B> {
             memory: None,
             mask: None,
             bias: None,
+            rotation: None,
             causal: false,
             need_weights: false,
         }
@@ -242,6 +246,13 @@ impl<B: Backend> MhaInput<B> {
         self
     }
 
+    /// Rotates the projected queries and keys by their positions before attention (rotary
+    /// position embeddings, e.g. `xfmr_position::RotaryEncoding`). Self-attention only.
+    pub fn rotary(mut self, rotation: impl QkRotation<B> + 'static) -> Self {
+        self.rotation = Some(Arc::new(rotation));
+        self
+    }
+
     /// Requests the per-head attention weights in the output.
     pub fn need_weights(mut self) -> Self {
         self.need_weights = true;
@@ -275,6 +286,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// for a mask or bias that does not broadcast to the scores.
     pub fn try_forward(&self, input: MhaInput<B>) -> Result<MhaOutput<B>, AttentionError> {
         let [batch, seq_q, _] = self.check_query(&input.query)?;
+        if input.memory.is_some() && input.rotation.is_some() {
+            return Err(AttentionError::RotaryCrossAttention);
+        }
         let source = match &input.memory {
             Some(memory) => {
                 self.check_memory(memory, batch)?;
@@ -287,6 +301,7 @@ impl<B: Backend> MultiHeadAttention<B> {
         let query = self.project(input.query, &self.query, self.n_heads);
         let key = self.project(source.clone(), &self.key, self.n_kv_heads);
         let value = self.project(source, &self.value, self.n_kv_heads);
+        let (query, key) = rotate(input.rotation.as_deref(), query, key, 0);
         let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &key.device());
         self.attend(query, key, value, mask, input.bias, input.need_weights)
     }
@@ -334,6 +349,9 @@ impl<B: Backend> MultiHeadAttention<B> {
                 expected: format!("batch {cached} to match the key/value cache"),
             });
         }
+        if input.memory.is_some() && input.rotation.is_some() {
+            return Err(AttentionError::RotaryCrossAttention);
+        }
         let device = input.query.device();
         match input.memory.clone() {
             Some(memory) => {
@@ -364,6 +382,8 @@ impl<B: Backend> MultiHeadAttention<B> {
                 let query = self.project(input.query, &self.query, self.n_heads);
                 let key = self.project(source.clone(), &self.key, self.n_kv_heads);
                 let value = self.project(source, &self.value, self.n_kv_heads);
+                // New rows sit after the cached ones.
+                let (query, key) = rotate(input.rotation.as_deref(), query, key, cache.len());
                 let (key, value) = cache.append(key, value);
                 // A single new query sees every cached key: its causal mask is empty.
                 let mask = with_causal(input.mask, seq_q > 1, seq_q, seq_k, &device);
@@ -486,6 +506,19 @@ impl<B: Backend> MultiHeadAttention<B> {
             crate::mask::check_broadcast("bias", bias.dims(), scores)?;
         }
         Ok(())
+    }
+}
+
+/// Queries and keys rotated at absolute positions starting at `offset`, when a rotation is set.
+fn rotate<B: Backend>(
+    rotation: Option<&dyn QkRotation<B>>,
+    query: Tensor<B, 4>,
+    key: Tensor<B, 4>,
+    offset: usize,
+) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    match rotation {
+        Some(r) => (r.rotate(query, offset), r.rotate(key, offset)),
+        None => (query, key),
     }
 }
 

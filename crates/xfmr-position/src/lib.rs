@@ -14,6 +14,24 @@
 //!   followed by dropout (paper: 0.1).
 //!
 //! Every encoding takes an `offset` so that step `t` of incremental decoding gets position `t`.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use burn::tensor::Tensor;
+//! use xfmr_position::{PositionInjectionConfig, SinusoidalConfig};
+//!
+//! let device = Default::default();
+//! let pe = SinusoidalConfig::new(4).init::<NdArray>(&device).unwrap();
+//! // Position 1: [sin(1), cos(1), sin(1/100), cos(1/100)] for d_model = 4.
+//! let row: Vec<f32> = pe.encoding(1, 1).into_data().to_vec().unwrap();
+//! assert!((row[0] - 1f32.sin()).abs() < 1e-6 && (row[3] - 0.01f32.cos()).abs() < 1e-6);
+//!
+//! // The paper adds positions to the (scaled) token embeddings, then applies dropout.
+//! let inject = PositionInjectionConfig::new(4, 4).init().unwrap();
+//! let tokens = Tensor::<NdArray, 3>::zeros([2, 3, 4], &device);
+//! let x = inject.forward(tokens, pe.encoding(3, 0));
+//! assert_eq!(x.dims(), [2, 3, inject.d_output]);
+//! ```
 
 #![warn(missing_docs)]
 

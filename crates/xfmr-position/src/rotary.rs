@@ -10,10 +10,14 @@
 //! Rotations preserve norms, and `R(p)q · R(p')k` depends only on `p − p'`. Apply it to queries
 //! and keys after projection and before attention, with `offset = cache.len()` while decoding
 //! through a key/value cache: cached keys keep the rotation of their own positions.
+//! `RotaryEncoding` implements `xfmr_attention::QkRotation`, so
+//! `MhaInput::self_attn(x).rotary(rope)` does exactly that, cached or not.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor};
+
+use xfmr_attention::QkRotation;
 
 use crate::{host_tensor, PositionError};
 
@@ -127,5 +131,11 @@ impl RotaryEncoding {
             }
         };
         x * cos.expand([batch, heads, seq, d]) + rotated * sin.expand([batch, heads, seq, d])
+    }
+}
+
+impl<B: Backend> QkRotation<B> for RotaryEncoding {
+    fn rotate(&self, x: Tensor<B, 4>, offset: usize) -> Tensor<B, 4> {
+        self.apply(x, offset)
     }
 }

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use burn::backend::{Flex, NdArray, Wgpu};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
+use xfmr_attention::{AttentionError, KvCache, MhaInput, MultiHeadAttentionConfig};
 use xfmr_position::{
     alibi_slopes, sinusoidal_table, AlibiConfig, LearnedPositionConfig, LearnedPositionEmbedding,
     PositionCombine, PositionError, PositionInjectionConfig, RotaryConfig, RotaryLayout,
@@ -343,4 +344,66 @@ fn positions_are_added_or_concatenated() {
             .unwrap_err(),
         PositionError::InvalidDropout { prob: 1.5 }
     );
+}
+
+/// RoPE and ALiBi through multi-head attention: decoding step by step through the key/value cache
+/// equals one causal pass (≤ 1e-5), with grouped key/value heads.
+#[test]
+fn rotary_and_alibi_compose_with_the_kv_cache() {
+    let device = Default::default();
+    let mut rng = TestRng::new(4);
+    let (batch, seq, d_model, heads) = (2, 7, 32, 4);
+    let mha = MultiHeadAttentionConfig::new(d_model, heads)
+        .with_n_kv_heads(Some(2))
+        .init::<Cpu>(&device);
+    let x = rng.tensor::<Cpu, 3>([batch, seq, d_model], 1.0, &device);
+    let rope = RotaryConfig::new(d_model / heads).init().unwrap();
+    let alibi = AlibiConfig::new(heads).init().unwrap();
+
+    let full_rope = mha
+        .forward(MhaInput::self_attn(x.clone()).causal().rotary(rope.clone()))
+        .context;
+    let full_alibi = mha
+        .forward(
+            MhaInput::self_attn(x.clone())
+                .causal()
+                .bias(alibi.bias(seq, seq, &device)),
+        )
+        .context;
+    let (mut rope_cache, mut alibi_cache) = (KvCache::new(), KvCache::new());
+    let (mut rope_steps, mut alibi_steps) = (Vec::new(), Vec::new());
+    for t in 0..seq {
+        let step = x.clone().narrow(1, t, 1);
+        rope_steps.push(
+            mha.forward_cached(
+                MhaInput::self_attn(step.clone()).rotary(rope.clone()),
+                &mut rope_cache,
+            )
+            .context,
+        );
+        alibi_steps.push(
+            mha.forward_cached(
+                MhaInput::self_attn(step).bias(alibi.bias(1, t + 1, &device)),
+                &mut alibi_cache,
+            )
+            .context,
+        );
+    }
+    assert!(
+        max_abs_diff(&full_rope, &Tensor::cat(rope_steps, 1)) <= 1e-5,
+        "RoPE"
+    );
+    assert!(
+        max_abs_diff(&full_alibi, &Tensor::cat(alibi_steps, 1)) <= 1e-5,
+        "ALiBi"
+    );
+    // Positions matter: without them the same layer gives other outputs.
+    let plain = mha.forward(MhaInput::self_attn(x.clone()).causal()).context;
+    assert!(max_abs_diff(&plain, &full_rope) > 1e-3);
+
+    let memory = rng.tensor::<Cpu, 3>([batch, 3, d_model], 1.0, &device);
+    let err = mha
+        .try_forward(MhaInput::cross(x, memory).rotary(rope))
+        .unwrap_err();
+    assert_eq!(err, AttentionError::RotaryCrossAttention);
 }
