@@ -540,15 +540,17 @@ fn with_causal<B: Backend>(
     })
 }
 
-/// Replaces a [`Linear`]'s parameters, keeping their ids.
+/// Replaces a [`Linear`]'s parameters, keeping their ids. The new tensors are marked as
+/// requiring gradients (`Param::initialized` inherits the flag from its tensor, and an imported
+/// tensor has none): imported weights stay trainable under autodiff.
 pub(crate) fn set_linear<B: Backend>(
     linear: &mut Linear<B>,
     weight: Tensor<B, 2>,
     bias: Option<Tensor<B, 1>>,
 ) {
-    linear.weight = Param::initialized(linear.weight.id, weight);
+    linear.weight = Param::initialized(linear.weight.id, weight.require_grad());
     linear.bias = match (linear.bias.take(), bias) {
-        (Some(old), Some(b)) => Some(Param::initialized(old.id, b)),
+        (Some(old), Some(b)) => Some(Param::initialized(old.id, b.require_grad())),
         (None, Some(b)) => Some(Param::from_tensor(b)),
         (_, None) => None,
     };

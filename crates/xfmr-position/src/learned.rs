@@ -75,7 +75,8 @@ impl<B: Backend> LearnedPositionEmbedding<B> {
                 d_model,
             });
         }
-        self.table = Param::initialized(self.table.id, table);
+        // `require_grad`: `Param::initialized` inherits the flag from the tensor.
+        self.table = Param::initialized(self.table.id, table.require_grad());
         Ok(self)
     }
 

@@ -262,6 +262,14 @@ pub fn assert_close_slices(
         actual_shape, expected_shape,
         "{what}: shape {actual_shape:?} differs from expected {expected_shape:?}"
     );
+    assert_eq!(
+        (actual.len(), expected.len()),
+        (
+            expected_shape.iter().product(),
+            expected_shape.iter().product()
+        ),
+        "{what}: the values do not fill shape {expected_shape:?}"
+    );
     let mut worst: Option<(usize, f64)> = None;
     for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
         let excess = (a - e).abs() - (atol + rtol * e.abs());

@@ -7,6 +7,8 @@
 //!   key/value cache.
 //! - [`position`] (`xfmr-position`): sinusoidal, learned, rotary (RoPE) and ALiBi positions, and
 //!   how they join embeddings.
+//! - [`blocks`] (`xfmr-blocks`): embeddings, feed-forward, norms, encoder/decoder layers and
+//!   stacks, PyTorch `nn.Transformer` import.
 //!
 //! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
 //! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
@@ -14,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub use xfmr_attention as attention;
+pub use xfmr_blocks as blocks;
 pub use xfmr_position as position;
 
 /// burn itself, re-exported so that users get the exact version xfmr is built against.

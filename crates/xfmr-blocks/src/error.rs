@@ -1,0 +1,86 @@
+//! Typed errors of the blocks.
+
+use thiserror::Error;
+use xfmr_attention::AttentionError;
+
+/// What can be wrong with a block configuration or a weight import.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
+pub enum BlockError {
+    /// From the attention sublayers.
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+    /// A dimension that must be positive is zero.
+    #[error("`{name}` must be positive, got 0")]
+    ZeroDim {
+        /// Which dimension.
+        name: &'static str,
+    },
+    /// Dropout probability outside `[0, 1)`.
+    #[error("dropout probability must be in [0, 1), got {prob}")]
+    InvalidDropout {
+        /// The rejected probability.
+        prob: f64,
+    },
+    /// A norm epsilon that is not positive.
+    #[error("norm epsilon must be positive, got {eps}")]
+    InvalidEpsilon {
+        /// The rejected epsilon.
+        eps: f64,
+    },
+    /// A state dict could not be read.
+    #[error("cannot read state dict: {0}")]
+    Read(String),
+    /// A state dict does not match the module.
+    #[error("state dict does not match the module: {}", .0.summary())]
+    Import(ImportReport),
+}
+
+/// The mismatches between a state dict and a module, all listed at once.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ImportReport {
+    /// Tensors the module needs that the state dict lacks, with the expected shapes.
+    pub missing: Vec<(String, Vec<usize>)>,
+    /// Tensors of the state dict (under the imported prefix) that the module does not use.
+    pub unexpected: Vec<String>,
+    /// Tensors present with the wrong shape: name, expected, found.
+    pub wrong_shape: Vec<(String, Vec<usize>, Vec<usize>)>,
+    /// Other problems (bias switches, unsupported options), one line each.
+    pub other: Vec<String>,
+}
+
+impl ImportReport {
+    /// Whether nothing is wrong.
+    pub fn is_empty(&self) -> bool {
+        self.missing.is_empty()
+            && self.unexpected.is_empty()
+            && self.wrong_shape.is_empty()
+            && self.other.is_empty()
+    }
+
+    /// One line naming every problem.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.missing.is_empty() {
+            let names: Vec<String> = self
+                .missing
+                .iter()
+                .map(|(n, s)| format!("{n} {s:?}"))
+                .collect();
+            parts.push(format!("missing: {}", names.join(", ")));
+        }
+        if !self.unexpected.is_empty() {
+            parts.push(format!("unexpected: {}", self.unexpected.join(", ")));
+        }
+        if !self.wrong_shape.is_empty() {
+            let names: Vec<String> = self
+                .wrong_shape
+                .iter()
+                .map(|(n, e, f)| format!("{n} (expected {e:?}, found {f:?})"))
+                .collect();
+            parts.push(format!("wrong shape: {}", names.join(", ")));
+        }
+        parts.extend(self.other.iter().cloned());
+        parts.join("; ")
+    }
+}

@@ -1,0 +1,124 @@
+//! Position-wise feed-forward network (paper §3.3): `FFN(x) = act(x W₁ + b₁) W₂ + b₂`.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module};
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::activation::{gelu, relu, silu};
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::{check_dropout, BlockError};
+
+/// The feed-forward activation.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `max(0, x)` (paper).
+    Relu,
+    /// Exact GELU, `x Φ(x)` (BERT, GPT-2, PyTorch's `"gelu"`).
+    Gelu,
+    /// SwiGLU (Shazeer, 2020): `(silu(x W₁) ⊙ x W₃) W₂`, with a third, gating projection `W₃`
+    /// whose weights are real parameters.
+    SwiGlu,
+}
+
+/// Configuration of [`FeedForward`].
+#[derive(Config, Debug)]
+pub struct FeedForwardConfig {
+    /// Input and output width.
+    pub d_model: usize,
+    /// Inner width (paper: 2048 for d_model 512).
+    pub d_ff: usize,
+    /// Activation. Default: `Relu` (paper).
+    #[config(default = "Activation::Relu")]
+    pub activation: Activation,
+    /// Dropout after the activation (PyTorch's and tensor2tensor's inner dropout; the paper
+    /// names only the residual dropout). Default: 0.0.
+    #[config(default = 0.0)]
+    pub dropout: f64,
+    /// Biases on the projections. Default: true.
+    #[config(default = true)]
+    pub bias: bool,
+}
+
+impl FeedForwardConfig {
+    /// Builds the network.
+    ///
+    /// # Errors
+    /// Zero widths, dropout outside `[0, 1)`.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<FeedForward<B>, BlockError> {
+        if self.d_model == 0 {
+            return Err(BlockError::ZeroDim { name: "d_model" });
+        }
+        if self.d_ff == 0 {
+            return Err(BlockError::ZeroDim { name: "d_ff" });
+        }
+        check_dropout(self.dropout)?;
+        let linear = |d_in, d_out| {
+            LinearConfig::new(d_in, d_out)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
+                .init(device)
+        };
+        Ok(FeedForward {
+            linear1: linear(self.d_model, self.d_ff),
+            linear2: linear(self.d_ff, self.d_model),
+            gate: (self.activation == Activation::SwiGlu).then(|| linear(self.d_model, self.d_ff)),
+            activation: self.activation,
+            dropout: DropoutConfig::new(self.dropout).init(),
+        })
+    }
+}
+
+/// The position-wise feed-forward network.
+#[derive(Module, Debug)]
+pub struct FeedForward<B: Backend> {
+    /// `W₁`: `d_model → d_ff`.
+    pub linear1: Linear<B>,
+    /// `W₂`: `d_ff → d_model`.
+    pub linear2: Linear<B>,
+    /// `W₃`, the SwiGLU gate's second projection: `d_model → d_ff` (SwiGLU only).
+    pub gate: Option<Linear<B>>,
+    /// Activation.
+    pub activation: Activation,
+    /// Dropout after the activation.
+    pub dropout: Dropout,
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let [batch, seq, d_model] = x.dims();
+        // (B, T, d) -> (B·T, d): one 2-D product on the CPU backends.
+        let x = x.reshape([batch * seq, d_model]);
+        let hidden = self.linear1.forward(x.clone());
+        let hidden = match (self.activation, &self.gate) {
+            (Activation::Relu, _) => relu(hidden),
+            (Activation::Gelu, _) => exact_gelu(hidden),
+            (Activation::SwiGlu, Some(gate)) => silu(hidden) * gate.forward(x),
+            (Activation::SwiGlu, None) => panic!("FeedForward: SwiGLU without its gate projection"),
+        };
+        let out = self.linear2.forward(self.dropout.forward(hidden));
+        let d_out = out.dims()[1];
+        out.reshape([batch, seq, d_out])
+    }
+}
+
+/// Exact GELU, `x Φ(x) = ½ x (1 + erf(x / √2))`, with an exact gradient.
+///
+/// burn 0.21's `gelu` computes this forward, but its default backward is the derivative of the
+/// *tanh approximation*: gradients through it are off by up to ~1e-3 relative (caught by the
+/// `nn.Transformer` gradient parity test). Under autodiff the function is therefore composed from
+/// `erf`, whose backward is exact; without autodiff burn's single operation is used.
+fn exact_gelu<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    if B::ad_enabled(&x.device()) {
+        let cdf = x
+            .clone()
+            .div_scalar(std::f64::consts::SQRT_2)
+            .erf()
+            .add_scalar(1.0);
+        x * cdf.mul_scalar(0.5)
+    } else {
+        gelu(x)
+    }
+}

@@ -1,0 +1,100 @@
+//! Layer normalisation and RMS normalisation, and where they sit.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param};
+use burn::tensor::{backend::Backend, Tensor};
+
+use crate::BlockError;
+
+/// Which normalisation.
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum NormKind {
+    /// LayerNorm (Ba et al., 2016), the paper's: `(x − mean) / √(var + ε) · γ + β`.
+    LayerNorm,
+    /// RMSNorm (Zhang & Sennrich, 2019): `x / √(mean(x²) + ε) · γ`, no centring, no bias.
+    RmsNorm,
+}
+
+/// Where the norm sits around each residual sublayer.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum NormPosition {
+    /// The paper's "Add & Norm": `LayerNorm(x + Sublayer(x))`.
+    Post,
+    /// `x + Sublayer(LayerNorm(x))` (GPT-2 and later). Stacks usually end with a final norm.
+    Pre,
+}
+
+/// Configuration of [`Norm`].
+#[derive(Config, Debug)]
+pub struct NormConfig {
+    /// Width normalised over (the last dimension).
+    pub d_model: usize,
+    /// Kind. Default: `LayerNorm`.
+    #[config(default = "NormKind::LayerNorm")]
+    pub kind: NormKind,
+    /// ε inside the square root. Default: 1e-5 (PyTorch's LayerNorm).
+    #[config(default = 1e-5)]
+    pub eps: f64,
+}
+
+impl NormConfig {
+    /// Builds the norm with `γ = 1` (and `β = 0` for LayerNorm).
+    ///
+    /// # Errors
+    /// Zero width or non-positive ε.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Norm<B>, BlockError> {
+        if self.d_model == 0 {
+            return Err(BlockError::ZeroDim { name: "d_model" });
+        }
+        if self.eps.is_nan() || self.eps <= 0.0 {
+            return Err(BlockError::InvalidEpsilon { eps: self.eps });
+        }
+        Ok(Norm {
+            gamma: Initializer::Ones.init([self.d_model], device),
+            beta: (self.kind == NormKind::LayerNorm)
+                .then(|| Initializer::Zeros.init([self.d_model], device)),
+            kind: self.kind,
+            eps: self.eps,
+        })
+    }
+}
+
+/// LayerNorm or RMSNorm over the last dimension.
+#[derive(Module, Debug)]
+pub struct Norm<B: Backend> {
+    /// Scale γ `[d_model]`.
+    pub gamma: Param<Tensor<B, 1>>,
+    /// Shift β `[d_model]` (LayerNorm only).
+    pub beta: Option<Param<Tensor<B, 1>>>,
+    /// Kind.
+    pub kind: NormKind,
+    /// ε.
+    pub eps: f64,
+}
+
+impl<B: Backend> Norm<B> {
+    /// Normalises over the last dimension (biased variance, as PyTorch).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let normalised = match self.kind {
+            NormKind::LayerNorm => {
+                let mean = x.clone().mean_dim(2);
+                let centred = x - mean;
+                let var = centred.clone().powi_scalar(2).mean_dim(2);
+                centred / (var + self.eps).sqrt()
+            }
+            NormKind::RmsNorm => {
+                let ms = x.clone().powi_scalar(2).mean_dim(2);
+                x / (ms + self.eps).sqrt()
+            }
+        };
+        let out = normalised * self.gamma.val().unsqueeze::<3>();
+        match &self.beta {
+            Some(beta) => out + beta.val().unsqueeze::<3>(),
+            None => out,
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Importing PyTorch `nn.Transformer` / `nn.TransformerEncoder` / `nn.TransformerDecoder` weights
+//! from a safetensors state dict, by PyTorch's own tensor names.
+//!
+//! | PyTorch (under the stack's prefix) | xfmr |
+//! |---|---|
+//! | `layers.{i}.self_attn.{in_proj_weight, in_proj_bias, out_proj.*}` | `layers[i].self_attn` (split into Q, K, V; transposed) |
+//! | `layers.{i}.multihead_attn.*` (decoder) | `layers[i].cross_attn` |
+//! | `layers.{i}.linear1.*`, `layers.{i}.linear2.*` | `layers[i].ffn.linear1`, `.linear2` (transposed) |
+//! | encoder `norm1`, `norm2` | `norm_attn`, `norm_ff` |
+//! | decoder `norm1`, `norm2`, `norm3` | `norm_self`, `norm_cross`, `norm_ff` |
+//! | `norm.{weight, bias}` | the stack's final `norm` |
+//!
+//! Norms map by the sublayer they belong to, whatever their placement (`norm_first`). Every
+//! problem is collected and returned at once as a [`BlockError::Import`] listing missing,
+//! unexpected and wrong-shape tensors.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use burn::module::Param;
+use burn::nn::Linear;
+use burn::tensor::{backend::Backend, Element, Tensor, TensorData};
+use safetensors::{Dtype, SafeTensors};
+use xfmr_attention::{load_linear_torch, MultiHeadAttention, TorchMhaWeights};
+
+use crate::{BlockError, Decoder, Encoder, ImportReport, Norm};
+
+/// A PyTorch state dict held on the host: tensor name → shape and `f32` values.
+#[derive(Debug, Clone, Default)]
+pub struct StateDict {
+    tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+impl StateDict {
+    /// Reads a safetensors file (F32, F64 and F16/BF16 tensors are read as `f32`; others are
+    /// skipped).
+    ///
+    /// # Errors
+    /// [`BlockError::Read`] naming the file and the problem.
+    pub fn from_file(path: &Path) -> Result<Self, BlockError> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| BlockError::Read(format!("{}: {e}", path.display())))?;
+        Self::from_bytes(&bytes).map_err(|e| match e {
+            BlockError::Read(msg) => BlockError::Read(format!("{}: {msg}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Parses safetensors bytes.
+    ///
+    /// # Errors
+    /// [`BlockError::Read`] if the bytes are not safetensors.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, BlockError> {
+        let st = SafeTensors::deserialize(bytes).map_err(|e| BlockError::Read(format!("{e:?}")))?;
+        let mut tensors = BTreeMap::new();
+        for (name, view) in st.tensors() {
+            let data = view.data();
+            let values: Vec<f32> = match view.dtype() {
+                Dtype::F32 => data
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+                Dtype::F64 => data
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                    .collect(),
+                Dtype::BF16 => data
+                    .chunks_exact(2)
+                    .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                    .collect(),
+                _ => continue,
+            };
+            tensors.insert(name, (view.shape().to_vec(), values));
+        }
+        Ok(Self { tensors })
+    }
+
+    /// Adds or replaces a tensor (row-major values).
+    ///
+    /// # Panics
+    /// If `values` does not fill `shape`.
+    pub fn insert(&mut self, name: impl Into<String>, shape: Vec<usize>, values: Vec<f32>) {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            values.len(),
+            "StateDict::insert: shape and values disagree"
+        );
+        self.tensors.insert(name.into(), (shape, values));
+    }
+
+    /// Removes a tensor.
+    pub fn remove(&mut self, name: &str) -> bool {
+        self.tensors.remove(name).is_some()
+    }
+
+    /// All tensor names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+}
+
+/// Takes tensors out of a [`StateDict`] by name, recording every mismatch.
+struct Importer<'a, B: Backend> {
+    dict: &'a StateDict,
+    used: BTreeSet<String>,
+    report: ImportReport,
+    device: B::Device,
+}
+
+impl<'a, B: Backend> Importer<'a, B> {
+    fn new(dict: &'a StateDict, device: B::Device) -> Self {
+        Self {
+            dict,
+            used: BTreeSet::new(),
+            report: ImportReport::default(),
+            device,
+        }
+    }
+
+    fn take<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Option<Tensor<B, D>> {
+        let Some((found, values)) = self.dict.tensors.get(name) else {
+            self.report.missing.push((name.to_string(), shape.to_vec()));
+            return None;
+        };
+        self.used.insert(name.to_string());
+        if found.as_slice() != shape.as_slice() {
+            self.report
+                .wrong_shape
+                .push((name.to_string(), shape.to_vec(), found.clone()));
+            return None;
+        }
+        let dtype = <B::FloatElem as Element>::dtype();
+        let data = TensorData::new(values.clone(), shape).convert_dtype(dtype);
+        Some(Tensor::from_data(data, (&self.device, dtype)))
+    }
+
+    fn linear(&mut self, linear: &mut Linear<B>, name: &str) {
+        let [d_in, d_out] = linear.weight.dims();
+        let weight = self.take(&format!("{name}.weight"), [d_out, d_in]);
+        let bias = match linear.bias.is_some() {
+            true => self.take(&format!("{name}.bias"), [d_out]),
+            false => None,
+        };
+        if let Some(weight) = weight {
+            if linear.bias.is_some() && bias.is_none() {
+                return;
+            }
+            if let Err(e) = load_linear_torch(linear, name, weight, bias, None) {
+                self.report.other.push(e.to_string());
+            }
+        }
+    }
+
+    fn mha(&mut self, mha: MultiHeadAttention<B>, name: &str) -> MultiHeadAttention<B> {
+        let rows = (mha.n_heads + 2 * mha.n_kv_heads) * mha.d_k;
+        let d = mha.d_model;
+        let in_w = self.take(&format!("{name}.in_proj_weight"), [rows, d]);
+        let in_b = mha
+            .query
+            .bias
+            .is_some()
+            .then(|| self.take(&format!("{name}.in_proj_bias"), [rows]))
+            .flatten();
+        let out_w = self.take(&format!("{name}.out_proj.weight"), [d, d]);
+        let out_b = mha
+            .output
+            .bias
+            .is_some()
+            .then(|| self.take(&format!("{name}.out_proj.bias"), [d]))
+            .flatten();
+        let complete = in_w.is_some()
+            && out_w.is_some()
+            && (mha.query.bias.is_none() || in_b.is_some())
+            && (mha.output.bias.is_none() || out_b.is_some());
+        if !complete {
+            return mha;
+        }
+        let weights = TorchMhaWeights {
+            in_proj_weight: in_w.expect("checked"),
+            in_proj_bias: in_b,
+            out_proj_weight: out_w.expect("checked"),
+            out_proj_bias: out_b,
+        };
+        match mha.clone().load_torch(weights) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                self.report.other.push(format!("{name}: {e}"));
+                mha
+            }
+        }
+    }
+
+    fn norm(&mut self, norm: &mut Norm<B>, name: &str) {
+        let [d] = norm.gamma.dims();
+        if let Some(gamma) = self.take(&format!("{name}.weight"), [d]) {
+            norm.gamma = Param::initialized(norm.gamma.id, gamma.require_grad());
+        }
+        if let Some(beta) = norm.beta.take() {
+            norm.beta = Some(match self.take(&format!("{name}.bias"), [d]) {
+                Some(b) => Param::initialized(beta.id, b.require_grad()),
+                None => beta,
+            });
+        }
+    }
+
+    /// Names under `prefix` that nothing took become `unexpected`; errors if anything is off.
+    fn finish(mut self, prefix: &str) -> Result<(), BlockError> {
+        self.report.unexpected = self
+            .dict
+            .names()
+            .filter(|n| n.starts_with(prefix) && !self.used.contains(*n))
+            .map(str::to_string)
+            .collect();
+        if self.report.is_empty() {
+            Ok(())
+        } else {
+            Err(BlockError::Import(self.report))
+        }
+    }
+}
+
+impl<B: Backend> Encoder<B> {
+    /// Loads a PyTorch `nn.TransformerEncoder` (or the `encoder.` part of `nn.Transformer`) whose
+    /// tensors are named `{prefix}layers.{i}.…` and `{prefix}norm.…` (e.g. `prefix = "encoder."`).
+    ///
+    /// # Errors
+    /// [`BlockError::Import`] listing every missing, unexpected and wrong-shape tensor.
+    pub fn load_torch(mut self, dict: &StateDict, prefix: &str) -> Result<Self, BlockError> {
+        let device = self.layers[0].norm_ff.gamma.device();
+        let mut imp = Importer::<B>::new(dict, device);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let p = format!("{prefix}layers.{i}.");
+            layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));
+            imp.linear(&mut layer.ffn.linear1, &format!("{p}linear1"));
+            imp.linear(&mut layer.ffn.linear2, &format!("{p}linear2"));
+            imp.norm(&mut layer.norm_attn, &format!("{p}norm1"));
+            imp.norm(&mut layer.norm_ff, &format!("{p}norm2"));
+            if layer.ffn.gate.is_some() {
+                imp.report.other.push(format!(
+                    "{p}: SwiGLU has no PyTorch nn.Transformer counterpart"
+                ));
+            }
+        }
+        if let Some(norm) = self.norm.as_mut() {
+            imp.norm(norm, &format!("{prefix}norm"));
+        }
+        imp.finish(prefix)?;
+        Ok(self)
+    }
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Loads a PyTorch `nn.TransformerDecoder` (or the `decoder.` part of `nn.Transformer`) whose
+    /// tensors are named `{prefix}layers.{i}.…` and `{prefix}norm.…`.
+    ///
+    /// # Errors
+    /// [`BlockError::Import`] listing every missing, unexpected and wrong-shape tensor.
+    pub fn load_torch(mut self, dict: &StateDict, prefix: &str) -> Result<Self, BlockError> {
+        let device = self.layers[0].norm_ff.gamma.device();
+        let mut imp = Importer::<B>::new(dict, device);
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let p = format!("{prefix}layers.{i}.");
+            layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));
+            layer.cross_attn = imp.mha(layer.cross_attn.clone(), &format!("{p}multihead_attn"));
+            imp.linear(&mut layer.ffn.linear1, &format!("{p}linear1"));
+            imp.linear(&mut layer.ffn.linear2, &format!("{p}linear2"));
+            imp.norm(&mut layer.norm_self, &format!("{p}norm1"));
+            imp.norm(&mut layer.norm_cross, &format!("{p}norm2"));
+            imp.norm(&mut layer.norm_ff, &format!("{p}norm3"));
+            if layer.ffn.gate.is_some() {
+                imp.report.other.push(format!(
+                    "{p}: SwiGLU has no PyTorch nn.Transformer counterpart"
+                ));
+            }
+        }
+        if let Some(norm) = self.norm.as_mut() {
+            imp.norm(norm, &format!("{prefix}norm"));
+        }
+        imp.finish(prefix)?;
+        Ok(self)
+    }
+}

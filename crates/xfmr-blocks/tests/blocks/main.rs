@@ -1,0 +1,12 @@
+//! Tests of xfmr-blocks: PyTorch `nn.Transformer` parity (outputs on ndarray, flex and wgpu;
+//! gradients under autodiff), incremental decoding, import errors, the pieces.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod parity;
+mod units;
+
+use burn::backend::NdArray;
+
+/// Default CPU backend.
+pub type Cpu = NdArray<f32>;

@@ -1,0 +1,218 @@
+//! Incremental decoding, import errors, and the pieces against their formulas.
+
+use burn::module::Module;
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_attention::AttnMask;
+use xfmr_blocks::{
+    Activation, BlockError, DecoderCache, FeedForwardConfig, LayerConfig, NormConfig, NormKind,
+    NormPosition, StackConfig, StateDict, TokenEmbeddingConfig,
+};
+use xfmr_testing::{max_abs_diff, TestRng};
+
+use crate::Cpu;
+
+/// Decoding one position at a time through the decoder stack's caches equals the full causal
+/// pass (≤ 1e-5), for post- and pre-norm, with target and memory padding.
+#[test]
+fn incremental_decoding_equals_full_pass() {
+    let device = Default::default();
+    let mut rng = TestRng::new(1);
+    for position in [NormPosition::Post, NormPosition::Pre] {
+        let layer = LayerConfig::new(16, 4, 32)
+            .with_dropout(0.0)
+            .with_norm_position(position)
+            .with_activation(Activation::Gelu);
+        let decoder = StackConfig::new(layer, 2)
+            .with_final_norm(true)
+            .init_decoder::<Cpu>(&device)
+            .unwrap();
+        let (batch, seq, src) = (2, 6, 5);
+        let tgt = rng.tensor::<Cpu, 3>([batch, seq, 16], 1.0, &device);
+        let memory = rng.tensor::<Cpu, 3>([batch, src, 16], 1.0, &device);
+        let memory_mask = AttnMask::padding_from_lengths(&[5, 3], src, &device).unwrap();
+        let tgt_mask = AttnMask::padding_from_lengths(&[6, 4], seq, &device).unwrap();
+        let full = decoder.forward(
+            tgt.clone(),
+            memory.clone(),
+            Some(&tgt_mask),
+            Some(&memory_mask),
+        );
+        let mut cache = DecoderCache::new(2);
+        let steps: Vec<_> = (0..seq)
+            .map(|t| {
+                let step_mask =
+                    AttnMask::from_tensor(tgt_mask.tensor().clone().narrow(3, 0, t + 1));
+                decoder.forward_cached(
+                    tgt.clone().narrow(1, t, 1),
+                    memory.clone(),
+                    &mut cache,
+                    Some(&step_mask),
+                    Some(&memory_mask),
+                )
+            })
+            .collect();
+        assert_eq!(cache.len(), seq);
+        let diff = max_abs_diff(&full, &Tensor::cat(steps, 1));
+        assert!(diff <= 1e-5, "{position:?}: max |diff| {diff}");
+    }
+}
+
+/// An import lists every missing, unexpected and wrong-shape tensor at once.
+#[test]
+fn import_errors_list_every_problem() {
+    let device = Default::default();
+    let encoder = StackConfig::new(LayerConfig::new(8, 2, 16), 1)
+        .init_encoder::<Cpu>(&device)
+        .unwrap();
+    let mut dict = StateDict::default();
+    let mut add = |name: &str, shape: Vec<usize>| {
+        let n = shape.iter().product();
+        dict.insert(name, shape, vec![0.0; n]);
+    };
+    add("enc.layers.0.self_attn.in_proj_weight", vec![24, 8]);
+    add("enc.layers.0.self_attn.in_proj_bias", vec![24]);
+    add("enc.layers.0.self_attn.out_proj.weight", vec![8, 8]);
+    add("enc.layers.0.self_attn.out_proj.bias", vec![8]);
+    add("enc.layers.0.linear1.weight", vec![16, 8]);
+    add("enc.layers.0.linear1.bias", vec![16]);
+    add("enc.layers.0.linear2.weight", vec![8, 15]); // wrong shape
+    add("enc.layers.0.linear2.bias", vec![8]);
+    add("enc.layers.0.norm1.weight", vec![8]);
+    add("enc.layers.0.norm1.bias", vec![8]);
+    add("enc.layers.0.norm2.weight", vec![8]);
+    // norm2.bias missing
+    add("enc.layers.0.extra", vec![3]); // unexpected
+    add("other.ignored", vec![1]); // outside the prefix
+    let err = encoder.load_torch(&dict, "enc.").unwrap_err();
+    let BlockError::Import(report) = &err else {
+        panic!("not an import error: {err}")
+    };
+    assert_eq!(
+        report.missing,
+        vec![("enc.layers.0.norm2.bias".to_string(), vec![8])]
+    );
+    assert_eq!(report.unexpected, vec!["enc.layers.0.extra".to_string()]);
+    assert_eq!(
+        report.wrong_shape,
+        vec![(
+            "enc.layers.0.linear2.weight".to_string(),
+            vec![8, 16],
+            vec![8, 15]
+        )]
+    );
+    assert_eq!(
+        err.to_string(),
+        "state dict does not match the module: missing: enc.layers.0.norm2.bias [8]; \
+         unexpected: enc.layers.0.extra; wrong shape: enc.layers.0.linear2.weight \
+         (expected [8, 16], found [8, 15])"
+    );
+}
+
+#[test]
+fn invalid_configs_are_typed_errors() {
+    let device = Default::default();
+    let err = LayerConfig::new(30, 4, 8)
+        .init_encoder::<Cpu>(&device)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "d_model (30) must be divisible by n_heads (4)"
+    );
+    let err = LayerConfig::new(8, 2, 8)
+        .with_dropout(1.0)
+        .init_decoder::<Cpu>(&device)
+        .unwrap_err();
+    assert_eq!(err, BlockError::InvalidDropout { prob: 1.0 });
+    let err = StackConfig::new(LayerConfig::new(8, 2, 8), 0)
+        .init_encoder::<Cpu>(&device)
+        .unwrap_err();
+    assert_eq!(err.to_string(), "`n_layers` must be positive, got 0");
+    let err = NormConfig::new(8)
+        .with_eps(0.0)
+        .init::<Cpu>(&device)
+        .unwrap_err();
+    assert_eq!(err.to_string(), "norm epsilon must be positive, got 0");
+}
+
+/// LayerNorm and RMSNorm against their formulas on one row.
+#[test]
+fn norms_match_their_formulas() {
+    let device = Default::default();
+    let row = [1.0f32, 2.0, 4.0, -3.0];
+    let x = Tensor::<Cpu, 1>::from_floats(row, &device).reshape([1, 1, 4]);
+    let mean = row.iter().sum::<f32>() / 4.0;
+    let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / 4.0;
+    let ms = row.iter().map(|v| v * v).sum::<f32>() / 4.0;
+    for (kind, expected) in [
+        (
+            NormKind::LayerNorm,
+            row.map(|v| (v - mean) / (var + 1e-5).sqrt()),
+        ),
+        (NormKind::RmsNorm, row.map(|v| v / (ms + 1e-5).sqrt())),
+    ] {
+        let norm = NormConfig::new(4)
+            .with_kind(kind)
+            .init::<Cpu>(&device)
+            .unwrap();
+        let out: Vec<f32> = norm.forward(x.clone()).into_data().to_vec().unwrap();
+        for (a, e) in out.iter().zip(expected) {
+            assert!((a - e).abs() < 1e-6, "{kind:?}: {a} vs {e}");
+        }
+    }
+    assert!(NormConfig::new(4)
+        .with_kind(NormKind::RmsNorm)
+        .init::<Cpu>(&device)
+        .unwrap()
+        .beta
+        .is_none());
+}
+
+/// SwiGLU's gate is a real parameter (counted and saved), and the network computes
+/// `(silu(x W₁) ⊙ x W₃) W₂`.
+#[test]
+fn swiglu_has_real_gate_parameters() {
+    let device = Default::default();
+    let (d, d_ff) = (6, 10);
+    let relu = FeedForwardConfig::new(d, d_ff)
+        .init::<Cpu>(&device)
+        .unwrap();
+    let swiglu = FeedForwardConfig::new(d, d_ff)
+        .with_activation(Activation::SwiGlu)
+        .init::<Cpu>(&device)
+        .unwrap();
+    assert_eq!(relu.num_params(), 2 * d * d_ff + d_ff + d);
+    assert_eq!(swiglu.num_params(), 3 * d * d_ff + 2 * d_ff + d);
+    let x = TestRng::new(2).tensor::<Cpu, 3>([1, 3, d], 1.0, &device);
+    let x2 = x.clone().reshape([3, d]);
+    let gate = swiglu.gate.as_ref().unwrap();
+    let h1 = swiglu.linear1.forward(x2.clone());
+    let expected = swiglu
+        .linear2
+        .forward(burn::tensor::activation::silu(h1) * gate.forward(x2));
+    assert!(max_abs_diff(&swiglu.forward(x), &expected.reshape([1, 3, d])) < 1e-6);
+}
+
+/// Embeddings are scaled by √d_model; the tied projection is `x Eᵀ`.
+#[test]
+fn embedding_scale_and_tied_logits() {
+    let device = Default::default();
+    let emb = TokenEmbeddingConfig::new(5, 4)
+        .init::<Cpu>(&device)
+        .unwrap();
+    let ids = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(vec![3i64, 0], [1, 2]), &device);
+    let out = emb.forward(ids);
+    let row3 = emb
+        .weight
+        .val()
+        .narrow(0, 3, 1)
+        .mul_scalar(2.0)
+        .reshape([1, 1, 4]);
+    assert!(max_abs_diff(&out.clone().narrow(1, 0, 1), &row3) < 1e-6);
+    let logits = emb.logits(out.clone());
+    assert_eq!(logits.dims(), [1, 2, 5]);
+    let expected = out
+        .reshape([2, 4])
+        .matmul(emb.weight.val().transpose())
+        .reshape([1, 2, 5]);
+    assert!(max_abs_diff(&logits, &expected) < 1e-6);
+}
