@@ -23,7 +23,7 @@ use burn::tensor::{backend::Backend, Element, Tensor, TensorData};
 use safetensors::{Dtype, SafeTensors};
 use xfmr_attention::{load_linear_torch, MultiHeadAttention, TorchMhaWeights};
 
-use crate::{BlockError, Decoder, Encoder, ImportReport, Norm};
+use crate::{BlockError, Decoder, Encoder, FeedForward, ImportReport, Norm};
 
 /// A PyTorch state dict held on the host: tensor name → shape and `f32` values.
 #[derive(Debug, Clone, Default)]
@@ -203,6 +203,25 @@ impl<'a, B: Backend> Importer<'a, B> {
         }
     }
 
+    /// `{prefix}linear1`, `{prefix}linear2`: PyTorch's feed-forward (no SwiGLU counterpart).
+    fn ffn(&mut self, ffn: &mut FeedForward<B>, prefix: &str) {
+        self.linear(&mut ffn.linear1, &format!("{prefix}linear1"));
+        self.linear(&mut ffn.linear2, &format!("{prefix}linear2"));
+        if ffn.gate.is_some() {
+            self.report.other.push(format!(
+                "{prefix}: SwiGLU has no PyTorch nn.Transformer counterpart"
+            ));
+        }
+    }
+
+    /// Loads a stack's final `{prefix}norm` (if the stack has one), then [`finish`](Self::finish).
+    fn finish_stack(mut self, norm: Option<&mut Norm<B>>, prefix: &str) -> Result<(), BlockError> {
+        if let Some(norm) = norm {
+            self.norm(norm, &format!("{prefix}norm"));
+        }
+        self.finish(prefix)
+    }
+
     /// Names under `prefix` that nothing took become `unexpected`; errors if anything is off.
     fn finish(mut self, prefix: &str) -> Result<(), BlockError> {
         self.report.unexpected = self
@@ -231,20 +250,11 @@ impl<B: Backend> Encoder<B> {
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let p = format!("{prefix}layers.{i}.");
             layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));
-            imp.linear(&mut layer.ffn.linear1, &format!("{p}linear1"));
-            imp.linear(&mut layer.ffn.linear2, &format!("{p}linear2"));
+            imp.ffn(&mut layer.ffn, &p);
             imp.norm(&mut layer.norm_attn, &format!("{p}norm1"));
             imp.norm(&mut layer.norm_ff, &format!("{p}norm2"));
-            if layer.ffn.gate.is_some() {
-                imp.report.other.push(format!(
-                    "{p}: SwiGLU has no PyTorch nn.Transformer counterpart"
-                ));
-            }
         }
-        if let Some(norm) = self.norm.as_mut() {
-            imp.norm(norm, &format!("{prefix}norm"));
-        }
-        imp.finish(prefix)?;
+        imp.finish_stack(self.norm.as_mut(), prefix)?;
         Ok(self)
     }
 }
@@ -262,21 +272,12 @@ impl<B: Backend> Decoder<B> {
             let p = format!("{prefix}layers.{i}.");
             layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));
             layer.cross_attn = imp.mha(layer.cross_attn.clone(), &format!("{p}multihead_attn"));
-            imp.linear(&mut layer.ffn.linear1, &format!("{p}linear1"));
-            imp.linear(&mut layer.ffn.linear2, &format!("{p}linear2"));
+            imp.ffn(&mut layer.ffn, &p);
             imp.norm(&mut layer.norm_self, &format!("{p}norm1"));
             imp.norm(&mut layer.norm_cross, &format!("{p}norm2"));
             imp.norm(&mut layer.norm_ff, &format!("{p}norm3"));
-            if layer.ffn.gate.is_some() {
-                imp.report.other.push(format!(
-                    "{p}: SwiGLU has no PyTorch nn.Transformer counterpart"
-                ));
-            }
         }
-        if let Some(norm) = self.norm.as_mut() {
-            imp.norm(norm, &format!("{prefix}norm"));
-        }
-        imp.finish(prefix)?;
+        imp.finish_stack(self.norm.as_mut(), prefix)?;
         Ok(self)
     }
 }
