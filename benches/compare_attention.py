@@ -20,7 +20,7 @@ import time
 
 def rust_results(args):
     cmd = [
-        "cargo", "run", "--release", "-q", "-p", "xfmr", "--features", "flex",
+        "cargo", "run", "--release", "-q", "-p", "xfmr", "--features", args.features,
         "--example", "attention_throughput", "--",
         str(args.batch), str(args.seq), str(args.d_model), str(args.heads), str(args.iters),
     ]
@@ -56,6 +56,8 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--features", default="flex",
+                   help="cargo features of the xfmr crate (e.g. flex,x86-v4)")
     args = p.parse_args()
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))
 
@@ -63,7 +65,8 @@ def main():
     torch_row = torch_result(args)
     burn_nn = {r["backend"]: r["median_ms"] for r in rows if r["impl"] == "burn-nn"}
     print(f"self-attention batch {args.batch}, seq {args.seq}, d_model {args.d_model}, "
-          f"{args.heads} heads, f32, {args.threads} threads, median of {args.iters}")
+          f"{args.heads} heads, f32, {args.threads} threads, median of {args.iters}, "
+          f"features {args.features}")
     print(f"{'impl':<24}{'backend':<10}{'ms':>10}{'seq/s':>10}{'vs burn-nn':>12}{'vs pytorch':>12}")
     for r in rows + ([torch_row] if torch_row else []):
         vs_nn = burn_nn.get(r["backend"])
