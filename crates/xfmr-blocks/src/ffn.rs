@@ -110,7 +110,7 @@ impl<B: Backend> FeedForward<B> {
 /// *tanh approximation*: gradients through it are off by up to ~1e-3 relative (caught by the
 /// `nn.Transformer` gradient parity test). Under autodiff the function is therefore composed from
 /// `erf`, whose backward is exact; without autodiff burn's single operation is used.
-fn exact_gelu<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+pub fn exact_gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     if B::ad_enabled(&x.device()) {
         let cdf = x
             .clone()

@@ -149,6 +149,8 @@ pub struct EncoderLayer<B: Backend> {
 }
 
 impl<B: Backend> EncoderLayer<B> {
+    /// Bidirectional pass (the paper's encoder layer).
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`; `mask`: key padding (`true` = ignored) broadcastable to
     ///   `[batch, heads, seq, seq]`
@@ -157,11 +159,58 @@ impl<B: Backend> EncoderLayer<B> {
     /// # Panics
     /// On shape mismatches (see `MultiHeadAttention::forward`).
     pub fn forward(&self, x: Tensor<B, 3>, mask: Option<&AttnMask<B>>) -> Tensor<B, 3> {
-        let x = sublayer(x, &self.norm_attn, self.norm_position, &self.dropout, |h| {
+        self.forward_with(x, |h| {
             self.self_attn
                 .forward(MhaInput::self_attn(h).mask_opt(mask.cloned()))
                 .context
-        });
+        })
+    }
+
+    /// Causal pass: position `i` attends to positions `≤ i` only. This is the block of
+    /// decoder-only (GPT-like) models, a decoder layer without cross-attention.
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_causal(&self, x: Tensor<B, 3>, mask: Option<&AttnMask<B>>) -> Tensor<B, 3> {
+        self.forward_with(x, |h| {
+            self.self_attn
+                .forward(MhaInput::self_attn(h).causal().mask_opt(mask.cloned()))
+                .context
+        })
+    }
+
+    /// Incremental causal pass over new positions through `cache`; equals the matching rows of
+    /// [`forward_causal`](Self::forward_causal) over the whole sequence.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`; `mask` covers past and new keys: broadcastable to
+    ///   `[batch, heads, new, past + new]`
+    /// - output: `[batch, new, d_model]`
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut KvCache<B>,
+        mask: Option<&AttnMask<B>>,
+    ) -> Tensor<B, 3> {
+        self.forward_with(x, |h| {
+            self.self_attn
+                .forward_cached(MhaInput::self_attn(h).mask_opt(mask.cloned()), cache)
+                .context
+        })
+    }
+
+    fn forward_with(
+        &self,
+        x: Tensor<B, 3>,
+        attend: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
+        let x = sublayer(
+            x,
+            &self.norm_attn,
+            self.norm_position,
+            &self.dropout,
+            attend,
+        );
         sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
             self.ffn.forward(h)
         })
@@ -218,7 +267,7 @@ impl<B: Backend> DecoderLayer<B> {
                 .forward(MhaInput::self_attn(h).causal().mask_opt(self_mask.cloned()))
                 .context
         });
-        self.cross_and_ffn(x, memory, memory_mask, None)
+        self.cross_and_ffn(x, memory, memory_mask, None, false).0
     }
 
     /// Incremental pass over new positions through `cache`.
@@ -235,6 +284,24 @@ impl<B: Backend> DecoderLayer<B> {
         self_mask: Option<&AttnMask<B>>,
         memory_mask: Option<&AttnMask<B>>,
     ) -> Tensor<B, 3> {
+        self.forward_cached_weights(x, memory, cache, self_mask, memory_mask, false)
+            .0
+    }
+
+    /// [`forward_cached`](Self::forward_cached), also returning the cross-attention weights
+    /// when `need_weights`.
+    ///
+    /// # Shapes
+    /// - weights: `[batch, heads, new, seq_src]`
+    pub fn forward_cached_weights(
+        &self,
+        x: Tensor<B, 3>,
+        memory: Tensor<B, 3>,
+        cache: &mut DecoderLayerCache<B>,
+        self_mask: Option<&AttnMask<B>>,
+        memory_mask: Option<&AttnMask<B>>,
+        need_weights: bool,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
         let x = sublayer(x, &self.norm_self, self.norm_position, &self.dropout, |h| {
             self.self_attn
                 .forward_cached(
@@ -243,7 +310,13 @@ impl<B: Backend> DecoderLayer<B> {
                 )
                 .context
         });
-        self.cross_and_ffn(x, memory, memory_mask, Some(&mut cache.cross_attn))
+        self.cross_and_ffn(
+            x,
+            memory,
+            memory_mask,
+            Some(&mut cache.cross_attn),
+            need_weights,
+        )
     }
 
     fn cross_and_ffn(
@@ -252,23 +325,31 @@ impl<B: Backend> DecoderLayer<B> {
         memory: Tensor<B, 3>,
         memory_mask: Option<&AttnMask<B>>,
         cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
+        need_weights: bool,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
+        let mut weights = None;
         let x = sublayer(
             x,
             &self.norm_cross,
             self.norm_position,
             &self.dropout,
             |h| {
-                let input = MhaInput::cross(h, memory).mask_opt(memory_mask.cloned());
-                match cache {
-                    Some(cache) => self.cross_attn.forward_cached(input, cache).context,
-                    None => self.cross_attn.forward(input).context,
+                let mut input = MhaInput::cross(h, memory).mask_opt(memory_mask.cloned());
+                if need_weights {
+                    input = input.need_weights();
                 }
+                let out = match cache {
+                    Some(cache) => self.cross_attn.forward_cached(input, cache),
+                    None => self.cross_attn.forward(input),
+                };
+                weights = out.weights;
+                out.context
             },
         );
-        sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
+        let x = sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
             self.ffn.forward(h)
-        })
+        });
+        (x, weights)
     }
 }
 
@@ -338,6 +419,8 @@ pub struct Encoder<B: Backend> {
 }
 
 impl<B: Backend> Encoder<B> {
+    /// Bidirectional pass.
+    ///
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`; `mask`: source padding (`true` = ignored)
     /// - output (the memory): `[batch, seq, d_model]`
@@ -346,9 +429,92 @@ impl<B: Backend> Encoder<B> {
             .layers
             .iter()
             .fold(x, |x, layer| layer.forward(x, mask));
+        self.final_norm(x)
+    }
+
+    /// Causal pass through every layer (a decoder-only stack, see
+    /// [`EncoderLayer::forward_causal`]).
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    pub fn forward_causal(&self, x: Tensor<B, 3>, mask: Option<&AttnMask<B>>) -> Tensor<B, 3> {
+        let x = self
+            .layers
+            .iter()
+            .fold(x, |x, layer| layer.forward_causal(x, mask));
+        self.final_norm(x)
+    }
+
+    /// Incremental causal pass; equals the matching rows of
+    /// [`forward_causal`](Self::forward_causal).
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, new, d_model]`; `mask` broadcastable to `[batch, heads, new, past + new]`
+    /// - output: `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// If `cache` has another number of layers.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut SelfAttentionCache<B>,
+        mask: Option<&AttnMask<B>>,
+    ) -> Tensor<B, 3> {
+        assert_eq!(
+            cache.layers.len(),
+            self.layers.len(),
+            "SelfAttentionCache has {} layers, the stack {}",
+            cache.layers.len(),
+            self.layers.len()
+        );
+        let x = self
+            .layers
+            .iter()
+            .zip(&mut cache.layers)
+            .fold(x, |x, (layer, cache)| layer.forward_cached(x, cache, mask));
+        self.final_norm(x)
+    }
+
+    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.norm {
             Some(norm) => norm.forward(x),
             None => x,
+        }
+    }
+}
+
+/// Key/value caches of a causal self-attention stack ([`Encoder::forward_cached`]).
+#[derive(Debug, Clone)]
+pub struct SelfAttentionCache<B: Backend> {
+    /// One per layer.
+    pub layers: Vec<KvCache<B>>,
+}
+
+impl<B: Backend> SelfAttentionCache<B> {
+    /// Empty caches for `n_layers` layers.
+    pub fn new(n_layers: usize) -> Self {
+        Self {
+            layers: (0..n_layers).map(|_| KvCache::new()).collect(),
+        }
+    }
+
+    /// Number of cached positions.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, KvCache::len)
+    }
+
+    /// Whether nothing is cached yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reorders the batch of every cache (beam search).
+    ///
+    /// # Shapes
+    /// - `indices`: `[new_batch]`
+    pub fn reorder(&mut self, indices: Tensor<B, 1, Int>) {
+        for layer in &mut self.layers {
+            layer.reorder(indices.clone());
         }
     }
 }
@@ -436,6 +602,28 @@ impl<B: Backend> Decoder<B> {
         self_mask: Option<&AttnMask<B>>,
         memory_mask: Option<&AttnMask<B>>,
     ) -> Tensor<B, 3> {
+        self.forward_cached_weights(x, memory, cache, self_mask, memory_mask, false)
+            .0
+    }
+
+    /// [`forward_cached`](Self::forward_cached), also returning the **last** layer's
+    /// cross-attention weights when `need_weights` (the layer whose attention aligns best with
+    /// the source in practice; fairseq's default alignment layer).
+    ///
+    /// # Shapes
+    /// - weights: `[batch, heads, new, seq_src]`
+    ///
+    /// # Panics
+    /// If `cache` has another number of layers.
+    pub fn forward_cached_weights(
+        &self,
+        x: Tensor<B, 3>,
+        memory: Tensor<B, 3>,
+        cache: &mut DecoderCache<B>,
+        self_mask: Option<&AttnMask<B>>,
+        memory_mask: Option<&AttnMask<B>>,
+        need_weights: bool,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
         assert_eq!(
             cache.layers.len(),
             self.layers.len(),
@@ -443,14 +631,22 @@ impl<B: Backend> Decoder<B> {
             cache.layers.len(),
             self.layers.len()
         );
-        let x = self
-            .layers
-            .iter()
-            .zip(&mut cache.layers)
-            .fold(x, |x, (layer, cache)| {
-                layer.forward_cached(x, memory.clone(), cache, self_mask, memory_mask)
-            });
-        self.final_norm(x)
+        let last = self.layers.len() - 1;
+        let mut weights = None;
+        let mut x = x;
+        for (i, (layer, cache)) in self.layers.iter().zip(&mut cache.layers).enumerate() {
+            let (out, w) = layer.forward_cached_weights(
+                x,
+                memory.clone(),
+                cache,
+                self_mask,
+                memory_mask,
+                need_weights && i == last,
+            );
+            x = out;
+            weights = w;
+        }
+        (self.final_norm(x), weights)
     }
 
     fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {

@@ -56,13 +56,13 @@ mod torch;
 
 pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
 pub use error::{BlockError, ImportReport};
-pub use ffn::{Activation, FeedForward, FeedForwardConfig};
+pub use ffn::{exact_gelu, Activation, FeedForward, FeedForwardConfig};
 pub use layer::{
     Decoder, DecoderCache, DecoderLayer, DecoderLayerCache, Encoder, EncoderLayer, LayerConfig,
-    StackConfig,
+    SelfAttentionCache, StackConfig,
 };
 pub use norm::{Norm, NormConfig, NormKind, NormPosition};
-pub use torch::StateDict;
+pub use torch::{StateDict, StateDictImporter};
 
 pub(crate) fn check_dropout(prob: f64) -> Result<(), BlockError> {
     if (0.0..1.0).contains(&prob) {

@@ -99,16 +99,20 @@ impl StateDict {
     }
 }
 
-/// Takes tensors out of a [`StateDict`] by name, recording every mismatch.
-struct Importer<'a, B: Backend> {
+/// Takes tensors out of a [`StateDict`] by name into modules, recording every missing,
+/// wrong-shape and (at [`finish`](Self::finish)) unexpected tensor, so that an import reports
+/// all its problems at once. Used by the stacks' `load_torch` and by model importers
+/// (e.g. `xfmr_models::hf`) that map other naming schemes onto the same blocks.
+pub struct StateDictImporter<'a, B: Backend> {
     dict: &'a StateDict,
     used: BTreeSet<String>,
     report: ImportReport,
     device: B::Device,
 }
 
-impl<'a, B: Backend> Importer<'a, B> {
-    fn new(dict: &'a StateDict, device: B::Device) -> Self {
+impl<'a, B: Backend> StateDictImporter<'a, B> {
+    /// Starts an import from `dict`; tensors are created on `device`.
+    pub fn new(dict: &'a StateDict, device: B::Device) -> Self {
         Self {
             dict,
             used: BTreeSet::new(),
@@ -117,7 +121,8 @@ impl<'a, B: Backend> Importer<'a, B> {
         }
     }
 
-    fn take<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Option<Tensor<B, D>> {
+    /// The tensor `name`, which must have `shape` (else recorded as missing or wrong-shape).
+    pub fn take<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Option<Tensor<B, D>> {
         let Some((found, values)) = self.dict.tensors.get(name) else {
             self.report.missing.push((name.to_string(), shape.to_vec()));
             return None;
@@ -134,7 +139,23 @@ impl<'a, B: Backend> Importer<'a, B> {
         Some(Tensor::from_data(data, (&self.device, dtype)))
     }
 
-    fn linear(&mut self, linear: &mut Linear<B>, name: &str) {
+    /// The tensor `name` into `param`, with the parameter's shape; the parameter stays
+    /// trainable.
+    pub fn param<const D: usize>(&mut self, param: &mut Param<Tensor<B, D>>, name: &str) {
+        if let Some(t) = self.take(name, param.dims()) {
+            // `Param::initialized` inherits `require_grad` from the tensor.
+            *param = Param::initialized(param.id, t.require_grad());
+        }
+    }
+
+    /// Records a problem that is not about one tensor.
+    pub fn report_other(&mut self, message: String) {
+        self.report.other.push(message);
+    }
+
+    /// `{name}.weight` (`[out, in]`, transposed into burn's `[in, out]`) and `{name}.bias`
+    /// into `linear`.
+    pub fn linear(&mut self, linear: &mut Linear<B>, name: &str) {
         let [d_in, d_out] = linear.weight.dims();
         let weight = self.take(&format!("{name}.weight"), [d_out, d_in]);
         let bias = match linear.bias.is_some() {
@@ -190,7 +211,8 @@ impl<'a, B: Backend> Importer<'a, B> {
         }
     }
 
-    fn norm(&mut self, norm: &mut Norm<B>, name: &str) {
+    /// `{name}.weight` and `{name}.bias` (LayerNorm only) into `norm`.
+    pub fn norm(&mut self, norm: &mut Norm<B>, name: &str) {
         let [d] = norm.gamma.dims();
         if let Some(gamma) = self.take(&format!("{name}.weight"), [d]) {
             norm.gamma = Param::initialized(norm.gamma.id, gamma.require_grad());
@@ -223,7 +245,11 @@ impl<'a, B: Backend> Importer<'a, B> {
     }
 
     /// Names under `prefix` that nothing took become `unexpected`; errors if anything is off.
-    fn finish(mut self, prefix: &str) -> Result<(), BlockError> {
+    /// Ends the import: names starting with `prefix` that nothing took are `unexpected`.
+    ///
+    /// # Errors
+    /// [`BlockError::Import`] listing every problem, if there is any.
+    pub fn finish(mut self, prefix: &str) -> Result<(), BlockError> {
         self.report.unexpected = self
             .dict
             .names()
@@ -246,7 +272,7 @@ impl<B: Backend> Encoder<B> {
     /// [`BlockError::Import`] listing every missing, unexpected and wrong-shape tensor.
     pub fn load_torch(mut self, dict: &StateDict, prefix: &str) -> Result<Self, BlockError> {
         let device = self.layers[0].norm_ff.gamma.device();
-        let mut imp = Importer::<B>::new(dict, device);
+        let mut imp = StateDictImporter::<B>::new(dict, device);
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let p = format!("{prefix}layers.{i}.");
             layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));
@@ -267,7 +293,7 @@ impl<B: Backend> Decoder<B> {
     /// [`BlockError::Import`] listing every missing, unexpected and wrong-shape tensor.
     pub fn load_torch(mut self, dict: &StateDict, prefix: &str) -> Result<Self, BlockError> {
         let device = self.layers[0].norm_ff.gamma.device();
-        let mut imp = Importer::<B>::new(dict, device);
+        let mut imp = StateDictImporter::<B>::new(dict, device);
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let p = format!("{prefix}layers.{i}.");
             layer.self_attn = imp.mha(layer.self_attn.clone(), &format!("{p}self_attn"));

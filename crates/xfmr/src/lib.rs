@@ -9,6 +9,9 @@
 //!   how they join embeddings.
 //! - [`blocks`] (`xfmr-blocks`): embeddings, feed-forward, norms, encoder/decoder layers and
 //!   stacks, PyTorch `nn.Transformer` import.
+//! - [`models`] (`xfmr-models`): the encoder-decoder Transformer, encoder-only (BERT-like,
+//!   with Hugging Face BERT import) and decoder-only (GPT-like) models, generation (greedy,
+//!   beam search, sampling) through key/value caches, checkpoints.
 //!
 //! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
 //! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
@@ -17,6 +20,7 @@
 
 pub use xfmr_attention as attention;
 pub use xfmr_blocks as blocks;
+pub use xfmr_models as models;
 pub use xfmr_position as position;
 
 /// burn itself, re-exported so that users get the exact version xfmr is built against.

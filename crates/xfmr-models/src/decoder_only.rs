@@ -1,0 +1,305 @@
+//! Decoder-only (GPT-like) causal language model.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
+use xfmr_attention::AttnMask;
+use xfmr_blocks::{
+    Activation, Encoder, LayerConfig, NormKind, NormPosition, SelfAttentionCache, StackConfig,
+    TokenEmbedding, TokenEmbeddingConfig,
+};
+
+use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
+use crate::{check_ids, check_positive, int_tensor, ModelError, PositionKind, Positions};
+
+/// Configuration of [`DecoderOnly`]. Defaults follow GPT-2: pre-norm with a final norm, GELU,
+/// learned positions, output tied to the token embedding.
+#[derive(Config, Debug)]
+pub struct DecoderOnlyConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward inner width.
+    pub d_ff: usize,
+    /// Layers.
+    pub n_layers: usize,
+    /// Key/value heads (grouped-query attention). Default: `None` (= `n_heads`).
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Dropout on the embedding sum and every sublayer output. Default: 0.1.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Dropout on attention weights. Default: 0.
+    #[config(default = 0.0)]
+    pub attention_dropout: f64,
+    /// Feed-forward activation. Default: GELU.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// Norm placement. Default: pre-norm (with a final norm after the stack).
+    #[config(default = "NormPosition::Pre")]
+    pub norm_position: NormPosition,
+    /// Norm kind. Default: LayerNorm.
+    #[config(default = "NormKind::LayerNorm")]
+    pub norm: NormKind,
+    /// Norm ε. Default: 1e-5.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+    /// Position vectors. Default: learned.
+    #[config(default = "PositionKind::Learned")]
+    pub positions: PositionKind,
+    /// Context length (rows of the position table). Default: 1024.
+    #[config(default = 1024)]
+    pub max_len: usize,
+    /// Scale token embeddings by √d_model (paper) or not (GPT-2). Default: false.
+    #[config(default = false)]
+    pub scale_embeddings: bool,
+    /// Output projection tied to the token embedding. Default: true.
+    #[config(default = true)]
+    pub tie_output: bool,
+    /// Padding id (left padding of batched prompts). Default: 0.
+    #[config(default = 0)]
+    pub pad_id: usize,
+}
+
+impl DecoderOnlyConfig {
+    /// The paper's base widths as a causal language model: d_model 512, 8 heads, d_ff 2048,
+    /// 6 layers.
+    pub fn base(vocab_size: usize) -> Self {
+        Self::new(vocab_size, 512, 8, 2048, 6)
+    }
+
+    /// A toy model for tests and examples: d_model 64, 4 heads, d_ff 128, 2 layers.
+    pub fn tiny(vocab_size: usize) -> Self {
+        Self::new(vocab_size, 64, 4, 128, 2)
+    }
+
+    /// The configuration shared by every layer.
+    pub fn layer(&self) -> LayerConfig {
+        LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
+            .with_n_kv_heads(self.n_kv_heads)
+            .with_dropout(self.dropout)
+            .with_attention_dropout(self.attention_dropout)
+            .with_activation(self.activation)
+            .with_norm_position(self.norm_position)
+            .with_norm(self.norm)
+            .with_norm_eps(self.norm_eps)
+    }
+
+    /// Builds the model with fresh weights.
+    ///
+    /// # Errors
+    /// Zero sizes, a bad dropout, ε or head count, `pad_id` outside the vocabulary.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<DecoderOnly<B>, ModelError> {
+        check_positive("vocab_size", self.vocab_size)?;
+        check_positive("max_len", self.max_len)?;
+        if self.pad_id >= self.vocab_size {
+            return Err(ModelError::InvalidConfig {
+                field: "pad_id",
+                value: self.pad_id.to_string(),
+                expected: "an id inside the vocabulary",
+            });
+        }
+        Ok(DecoderOnly {
+            embedding: TokenEmbeddingConfig::new(self.vocab_size, self.d_model)
+                .with_scale(self.scale_embeddings)
+                .init(device)?,
+            positions: Positions::init(self.positions, self.max_len, self.d_model, device)?,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            stack: StackConfig::new(self.layer(), self.n_layers)
+                .with_final_norm(self.norm_position == NormPosition::Pre)
+                .init_encoder(device)?,
+            output: (!self.tie_output)
+                .then(|| LinearConfig::new(self.d_model, self.vocab_size).init(device)),
+            pad_id: self.pad_id,
+        })
+    }
+}
+
+/// A decoder-only causal language model: embeddings + positions → causal self-attention
+/// stack (decoder layers without cross-attention) → logits.
+#[derive(Module, Debug)]
+pub struct DecoderOnly<B: Backend> {
+    /// Token embedding (also the output projection when tied).
+    pub embedding: TokenEmbedding<B>,
+    /// Position vectors.
+    pub positions: Positions<B>,
+    /// Dropout on the embedding sum.
+    pub dropout: Dropout,
+    /// The causal stack (encoder layers run with a causal mask).
+    pub stack: Encoder<B>,
+    /// Output projection when not tied.
+    pub output: Option<Linear<B>>,
+    /// Padding id.
+    pub pad_id: usize,
+}
+
+impl<B: Backend> DecoderOnly<B> {
+    /// Vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.embedding.weight.dims()[0]
+    }
+
+    fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+        match &self.output {
+            Some(linear) => {
+                let [batch, seq, d] = h.dims();
+                let out = linear.forward(h.reshape([batch * seq, d]));
+                let vocab = out.dims()[1];
+                out.reshape([batch, seq, vocab])
+            }
+            None => self.embedding.logits(h),
+        }
+    }
+
+    /// Next-token logits at every position (training, scoring).
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, seq]` (right-padded; padding after a sequence never affects it)
+    /// - output: `[batch, seq, vocab]`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn forward(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
+        let seq = ids.dims()[1];
+        let x = self.embedding.forward(ids) + self.positions.range(seq, 0)?.unsqueeze::<3>();
+        let h = self.stack.forward_causal(self.dropout.forward(x), None);
+        Ok(self.project(h))
+    }
+
+    /// An empty decoding state for `batch` sequences.
+    pub fn start(&self, batch: usize) -> LmState<B> {
+        LmState {
+            cache: SelfAttentionCache::new(self.stack.layers.len()),
+            ignored: vec![Vec::new(); batch],
+            next_position: vec![0; batch],
+        }
+    }
+
+    /// Continues prompts: the prompts are left-padded into one batch (padding masked and
+    /// skipped by the positions, so each row decodes as it would alone), run through the stack
+    /// once, then tokens are generated one at a time through the key/value cache.
+    ///
+    /// # Errors
+    /// An empty prompt, an id outside the vocabulary, invalid options, a context longer than a
+    /// learned position table.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        options: &GenerationOptions,
+    ) -> Result<Generation, ModelError> {
+        check_ids("prompt", prompts, self.vocab_size())?;
+        if let Some(i) = prompts.iter().position(Vec::is_empty) {
+            return Err(ModelError::InvalidInput(format!(
+                "prompt {i} is empty: a decoder-only model needs at least one token to condition on"
+            )));
+        }
+        let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let first = prompts
+            .iter()
+            .map(|p| {
+                let mut row = vec![self.pad_id as u32; len - p.len()];
+                row.extend(p);
+                row
+            })
+            .collect::<Vec<_>>();
+        let mut state = self.start(prompts.len());
+        for (row, p) in state.ignored.iter_mut().zip(prompts) {
+            // Leading pads are ignored keys for the rest of the decoding.
+            row.extend((0..len).map(|k| k < len - p.len()));
+        }
+        generate::generate(self, state, first, options)
+    }
+}
+
+/// The decoding state of a [`DecoderOnly`] model.
+#[derive(Debug, Clone)]
+pub struct LmState<B: Backend> {
+    /// Per-layer key/value caches.
+    pub cache: SelfAttentionCache<B>,
+    /// Per row, whether each position fed so far is padding (ignored as a key). Rows whose
+    /// prompt was left-padded start with `true`s; the step consumes the entries not yet in the
+    /// cache.
+    pub ignored: Vec<Vec<bool>>,
+    /// Per row, the position of the next real token.
+    pub next_position: Vec<usize>,
+}
+
+impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
+    type State = LmState<B>;
+
+    fn vocab_size(&self) -> usize {
+        DecoderOnly::vocab_size(self)
+    }
+
+    fn device(&self) -> B::Device {
+        self.embedding.weight.device()
+    }
+
+    fn step(
+        &self,
+        state: &mut Self::State,
+        tokens: Tensor<B, 2, Int>,
+        _need_attention: bool,
+    ) -> Result<Step<B>, ModelError> {
+        let [batch, new] = tokens.dims();
+        let past = state.cache.len();
+        let total = past + new;
+        // Rows whose flags do not cover the new tokens yet get "not ignored" for them.
+        for row in &mut state.ignored {
+            row.resize(total, false);
+        }
+        // Positions: count real tokens only, so a left-padded row matches its unpadded self.
+        let positions: Vec<Vec<usize>> = state
+            .ignored
+            .iter()
+            .zip(&mut state.next_position)
+            .map(|(ignored, next)| {
+                ignored[past..]
+                    .iter()
+                    .map(|&pad| {
+                        let p = *next;
+                        if !pad {
+                            *next += 1;
+                        }
+                        p
+                    })
+                    .collect()
+            })
+            .collect();
+        let device = self.embedding.weight.device();
+        let x = self.embedding.forward(tokens) + self.positions.gather(&positions)?;
+        let mask = state.ignored.iter().any(|r| r.iter().any(|&p| p)).then(|| {
+            let flat: Vec<bool> = state.ignored.iter().flatten().copied().collect();
+            AttnMask::from_key_padding(Tensor::<B, 2, Bool>::from_data(
+                TensorData::new(flat, [batch, total]),
+                &device,
+            ))
+        });
+        let h = self
+            .stack
+            .forward_cached(self.dropout.forward(x), &mut state.cache, mask.as_ref());
+        let logits = self
+            .project(h.narrow(1, new - 1, 1))
+            .reshape([batch, self.vocab_size()]);
+        Ok(Step {
+            logits,
+            attention: None,
+        })
+    }
+
+    fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
+        let device = self.embedding.weight.device();
+        let idx = int_tensor::<B, 1>(
+            indices.iter().map(|&i| i as i64).collect(),
+            [indices.len()],
+            &device,
+        );
+        state.cache.reorder(idx);
+        state.ignored = indices.iter().map(|&i| state.ignored[i].clone()).collect();
+        state.next_position = indices.iter().map(|&i| state.next_position[i]).collect();
+    }
+}

@@ -1,0 +1,355 @@
+//! Encoder-only (BERT-like) models: bidirectional encoder, pooling, and task heads.
+
+use burn::config::Config;
+use burn::module::{Initializer, Module, Param};
+use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::activation::tanh;
+use burn::tensor::{backend::Backend, Int, Tensor};
+use serde::{Deserialize, Serialize};
+use xfmr_attention::AttnMask;
+use xfmr_blocks::{
+    exact_gelu, Activation, Encoder, LayerConfig, Norm, NormConfig, NormPosition, StackConfig,
+    TokenEmbedding, TokenEmbeddingConfig,
+};
+
+use crate::{check_positive, ModelError, PositionKind, Positions};
+
+/// Configuration of [`EncoderOnly`]. Defaults are BERT's (Devlin et al., 2019): learned
+/// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
+/// LayerNorm ε 1e-12, unscaled embeddings.
+#[derive(Config, Debug)]
+pub struct EncoderOnlyConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Model width.
+    pub d_model: usize,
+    /// Attention heads.
+    pub n_heads: usize,
+    /// Feed-forward inner width.
+    pub d_ff: usize,
+    /// Layers.
+    pub n_layers: usize,
+    /// Rows of the position table. Default: 512.
+    #[config(default = 512)]
+    pub max_len: usize,
+    /// Segment (token type) vocabulary; 0 for none. Default: 2.
+    #[config(default = 2)]
+    pub type_vocab_size: usize,
+    /// Position vectors. Default: learned.
+    #[config(default = "PositionKind::Learned")]
+    pub positions: PositionKind,
+    /// Dropout on the embeddings and every sublayer output. Default: 0.1.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Dropout on attention weights. Default: 0.1 (BERT).
+    #[config(default = 0.1)]
+    pub attention_dropout: f64,
+    /// Feed-forward activation. Default: GELU.
+    #[config(default = "Activation::Gelu")]
+    pub activation: Activation,
+    /// Norm placement. Default: post-norm (BERT, the paper).
+    #[config(default = "NormPosition::Post")]
+    pub norm_position: NormPosition,
+    /// LayerNorm ε everywhere. Default: 1e-12 (BERT).
+    #[config(default = 1e-12)]
+    pub norm_eps: f64,
+    /// A LayerNorm on the embedding sum. Default: true (BERT).
+    #[config(default = true)]
+    pub embedding_norm: bool,
+    /// Scale token embeddings by √d_model (paper) or not (BERT). Default: false.
+    #[config(default = false)]
+    pub scale_embeddings: bool,
+    /// The pooler `tanh(W h_[CLS] + b)` (BERT). Default: true.
+    #[config(default = true)]
+    pub pooler: bool,
+    /// The masked-token prediction head. Default: false.
+    #[config(default = false)]
+    pub mlm_head: bool,
+    /// Classes of a sequence classification head on the pooled output. Default: none.
+    #[config(default = "None")]
+    pub n_classes: Option<usize>,
+    /// Padding id. Default: 0 (BERT's `[PAD]`).
+    #[config(default = 0)]
+    pub pad_id: usize,
+}
+
+impl EncoderOnlyConfig {
+    /// BERT-base widths: d_model 768, 12 heads, d_ff 3072, 12 layers.
+    pub fn bert_base(vocab_size: usize) -> Self {
+        Self::new(vocab_size, 768, 12, 3072, 12)
+    }
+
+    /// all-MiniLM-L6-v2 (sentence-transformers): vocab 30522, d_model 384, 12 heads,
+    /// d_ff 1536, 6 layers, 512 positions, 2 segment types.
+    pub fn minilm_l6() -> Self {
+        Self::new(30522, 384, 12, 1536, 6)
+    }
+
+    /// A toy model for tests: d_model 64, 4 heads, d_ff 128, 2 layers.
+    pub fn tiny(vocab_size: usize) -> Self {
+        Self::new(vocab_size, 64, 4, 128, 2)
+    }
+
+    /// The configuration shared by every layer.
+    pub fn layer(&self) -> LayerConfig {
+        LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
+            .with_dropout(self.dropout)
+            .with_attention_dropout(self.attention_dropout)
+            .with_activation(self.activation)
+            .with_norm_position(self.norm_position)
+            .with_norm_eps(self.norm_eps)
+    }
+
+    /// Builds the model with fresh weights.
+    ///
+    /// # Errors
+    /// Zero sizes, a bad dropout, ε or head count, `pad_id` outside the vocabulary.
+    pub fn init<B: Backend>(&self, device: &B::Device) -> Result<EncoderOnly<B>, ModelError> {
+        check_positive("vocab_size", self.vocab_size)?;
+        check_positive("max_len", self.max_len)?;
+        if self.pad_id >= self.vocab_size {
+            return Err(ModelError::InvalidConfig {
+                field: "pad_id",
+                value: self.pad_id.to_string(),
+                expected: "an id inside the vocabulary",
+            });
+        }
+        if self.n_classes == Some(0) {
+            return Err(ModelError::InvalidConfig {
+                field: "n_classes",
+                value: "0".into(),
+                expected: "at least 1 (or none)",
+            });
+        }
+        let norm = NormConfig::new(self.d_model).with_eps(self.norm_eps);
+        let normal = Initializer::Normal {
+            mean: 0.0,
+            std: 0.02,
+        };
+        let linear = |d_in, d_out| {
+            LinearConfig::new(d_in, d_out)
+                .with_initializer(normal.clone())
+                .init(device)
+        };
+        let pre = self.norm_position == NormPosition::Pre;
+        Ok(EncoderOnly {
+            token_embedding: TokenEmbeddingConfig::new(self.vocab_size, self.d_model)
+                .with_scale(self.scale_embeddings)
+                .with_initializer(Some(normal.clone()))
+                .init(device)?,
+            positions: Positions::init(self.positions, self.max_len, self.d_model, device)?,
+            token_type_embedding: (self.type_vocab_size > 0)
+                .then(|| {
+                    TokenEmbeddingConfig::new(self.type_vocab_size, self.d_model)
+                        .with_scale(false)
+                        .with_initializer(Some(normal.clone()))
+                        .init(device)
+                })
+                .transpose()?,
+            embedding_norm: self.embedding_norm.then(|| norm.init(device)).transpose()?,
+            dropout: DropoutConfig::new(self.dropout).init(),
+            encoder: StackConfig::new(self.layer(), self.n_layers)
+                .with_final_norm(pre)
+                .init_encoder(device)?,
+            pooler: self.pooler.then(|| linear(self.d_model, self.d_model)),
+            mlm_head: self
+                .mlm_head
+                .then(|| -> Result<MlmHead<B>, ModelError> {
+                    Ok(MlmHead {
+                        dense: linear(self.d_model, self.d_model),
+                        norm: norm.init(device)?,
+                        bias: Initializer::Zeros.init([self.vocab_size], device),
+                    })
+                })
+                .transpose()?,
+            classifier: self.n_classes.map(|n| linear(self.d_model, n)),
+            pad_id: self.pad_id,
+        })
+    }
+}
+
+/// BERT's masked-token prediction head: `LayerNorm(GELU(W h + b)) Eᵀ + b_vocab`, tied to the
+/// token embedding `E`.
+#[derive(Module, Debug)]
+pub struct MlmHead<B: Backend> {
+    /// The transform's dense layer.
+    pub dense: Linear<B>,
+    /// The transform's LayerNorm.
+    pub norm: Norm<B>,
+    /// Output bias `[vocab]`.
+    pub bias: Param<Tensor<B, 1>>,
+}
+
+/// How token states become one vector per sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Pooling {
+    /// The first token's state (`[CLS]`).
+    Cls,
+    /// The mean over real (unpadded) tokens (sentence-transformers).
+    Mean,
+}
+
+/// An encoder-only model.
+#[derive(Module, Debug)]
+pub struct EncoderOnly<B: Backend> {
+    /// Word embeddings.
+    pub token_embedding: TokenEmbedding<B>,
+    /// Position vectors.
+    pub positions: Positions<B>,
+    /// Segment embeddings.
+    pub token_type_embedding: Option<TokenEmbedding<B>>,
+    /// LayerNorm of the embedding sum.
+    pub embedding_norm: Option<Norm<B>>,
+    /// Dropout on the embeddings.
+    pub dropout: Dropout,
+    /// The bidirectional stack.
+    pub encoder: Encoder<B>,
+    /// `tanh(W h_[CLS] + b)`.
+    pub pooler: Option<Linear<B>>,
+    /// Masked-token prediction head.
+    pub mlm_head: Option<MlmHead<B>>,
+    /// Sequence classification head on the pooled output.
+    pub classifier: Option<Linear<B>>,
+    /// Padding id.
+    pub pad_id: usize,
+}
+
+impl<B: Backend> EncoderOnly<B> {
+    /// Embeddings: `LayerNorm(E[ids] + P[pos] + T[types])` (BERT), then dropout.
+    ///
+    /// # Shapes
+    /// - `ids`, `token_types`: `[batch, seq]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn embed(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        token_types: Option<Tensor<B, 2, Int>>,
+    ) -> Result<Tensor<B, 3>, ModelError> {
+        let seq = ids.dims()[1];
+        let mut x = self.token_embedding.forward(ids.clone())
+            + self.positions.range(seq, 0)?.unsqueeze::<3>();
+        if let Some(table) = &self.token_type_embedding {
+            // BERT's default: every token in segment 0.
+            let types = token_types.unwrap_or_else(|| ids.zeros_like());
+            x = x + table.forward(types);
+        }
+        if let Some(norm) = &self.embedding_norm {
+            x = norm.forward(x);
+        }
+        Ok(self.dropout.forward(x))
+    }
+
+    /// Contextual token states (BERT's `last_hidden_state`).
+    ///
+    /// # Shapes
+    /// - `ids`, `token_types`: `[batch, seq]`; `mask` (`true` = ignored), e.g.
+    ///   [`AttnMask::from_keep_mask`] of an HF `attention_mask`, or
+    ///   [`padding_mask`](Self::padding_mask)
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn forward(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        token_types: Option<Tensor<B, 2, Int>>,
+        mask: Option<&AttnMask<B>>,
+    ) -> Result<Tensor<B, 3>, ModelError> {
+        let x = self.embed(ids, token_types)?;
+        Ok(self.encoder.forward(x, mask))
+    }
+
+    /// The mask of `pad_id` positions.
+    pub fn padding_mask(&self, ids: Tensor<B, 2, Int>) -> AttnMask<B> {
+        AttnMask::padding_from_ids(ids, self.pad_id as i64)
+    }
+
+    /// Pools token states into one vector per sequence.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`; `keep`: `[batch, seq]`, 1 = real token, 0 = padding
+    ///   (HF's `attention_mask`)
+    /// - output: `[batch, d_model]`
+    pub fn pool(hidden: Tensor<B, 3>, keep: Tensor<B, 2, Int>, pooling: Pooling) -> Tensor<B, 2> {
+        let [batch, _, d_model] = hidden.dims();
+        match pooling {
+            Pooling::Cls => hidden.narrow(1, 0, 1).reshape([batch, d_model]),
+            Pooling::Mean => {
+                let weights = keep.float().unsqueeze_dim::<3>(2);
+                let sum = (hidden * weights.clone())
+                    .sum_dim(1)
+                    .reshape([batch, d_model]);
+                // sentence-transformers clamps the count at 1e-9.
+                let count = weights.sum_dim(1).reshape([batch, 1]).clamp_min(1e-9);
+                sum / count
+            }
+        }
+    }
+
+    /// BERT's pooled output `tanh(W h_[CLS] + b)`.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`; output `[batch, d_model]`
+    ///
+    /// # Panics
+    /// If the model has no pooler.
+    pub fn pooled(&self, hidden: Tensor<B, 3>) -> Tensor<B, 2> {
+        let pooler = self
+            .pooler
+            .as_ref()
+            .expect("EncoderOnly::pooled: no pooler");
+        let [batch, _, d] = hidden.dims();
+        tanh(pooler.forward(hidden.narrow(1, 0, 1).reshape([batch, d])))
+    }
+
+    /// Sequence classification logits from the pooled output (or the `[CLS]` state without a
+    /// pooler).
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`; output `[batch, n_classes]`
+    ///
+    /// # Panics
+    /// If the model has no classifier.
+    pub fn classify(&self, hidden: Tensor<B, 3>) -> Tensor<B, 2> {
+        let classifier = self
+            .classifier
+            .as_ref()
+            .expect("EncoderOnly::classify: no classification head (set n_classes)");
+        let [batch, _, d] = hidden.dims();
+        let pooled = match &self.pooler {
+            Some(_) => self.pooled(hidden),
+            None => hidden.narrow(1, 0, 1).reshape([batch, d]),
+        };
+        classifier.forward(self.dropout.forward(pooled))
+    }
+
+    /// Masked-token prediction logits.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`; output `[batch, seq, vocab]`
+    ///
+    /// # Panics
+    /// If the model has no MLM head.
+    pub fn mlm_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        let head = self
+            .mlm_head
+            .as_ref()
+            .expect("EncoderOnly::mlm_logits: no MLM head (set mlm_head)");
+        let [batch, seq, d] = hidden.dims();
+        let h = exact_gelu(head.dense.forward(hidden.reshape([batch * seq, d])));
+        let h = head.norm.forward(h.reshape([batch, seq, d]));
+        self.token_embedding.logits(h) + head.bias.val().unsqueeze::<3>()
+    }
+}
+
+/// L2-normalises rows (sentence-transformers' `Normalize`): `x / max(‖x‖, 1e-12)`.
+///
+/// # Shapes
+/// - `x`: `[batch, d]`; output `[batch, d]`
+pub fn l2_normalize<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let norm = x.clone().powi_scalar(2).sum_dim(1).sqrt().clamp_min(1e-12);
+    x / norm
+}

@@ -1,0 +1,73 @@
+//! Typed errors of the models.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+use xfmr_blocks::BlockError;
+use xfmr_position::PositionError;
+
+/// What can go wrong building, running, saving or loading a model.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// From the blocks (sizes, dropout, weight import).
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    /// From the positional encodings (e.g. a sequence longer than a learned table).
+    #[error(transparent)]
+    Position(#[from] PositionError),
+    /// A configuration value out of its range.
+    #[error("invalid configuration: `{field}` = {value}: {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// A generation option out of its range.
+    #[error("invalid generation option `{field}` = {value}: {expected}")]
+    InvalidOption {
+        /// The option.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// A token id outside the vocabulary, or an empty input.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A checkpoint was written for another configuration.
+    #[error(
+        "checkpoint {path} was saved with `{field}` = {found}, but the configuration asks for {expected}"
+    )]
+    ConfigMismatch {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The first differing field, dotted (`layer.d_model`).
+        field: String,
+        /// Value in the requested configuration.
+        expected: String,
+        /// Value in the checkpoint.
+        found: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+        Self::Io {
+            path: path.into(),
+            message: err.to_string(),
+        }
+    }
+}

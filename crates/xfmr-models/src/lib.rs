@@ -1,0 +1,88 @@
+//! # xfmr-models
+//!
+//! Whole models on the xfmr blocks, generic over burn backends:
+//!
+//! - [`Transformer`]: the paper's encoder-decoder translation model, with the `base` and `big`
+//!   presets, teacher-forced training ([`shift_right`], [`cross_entropy`] with label
+//!   smoothing) and translation through the decoder's key/value cache.
+//! - [`EncoderOnly`]: BERT-like (token + learned position + segment embeddings, embedding
+//!   LayerNorm, post-norm GELU encoder), with pooling and MLM / classification heads, and
+//!   [`hf`] import of Hugging Face BERT checkpoints.
+//! - [`DecoderOnly`]: a GPT-like causal language model (pre-norm, tied output).
+//! - [`generate`]: greedy, beam search (GNMT length penalty) and seeded sampling (temperature,
+//!   top-k, top-p), batched, for any [`IncrementalDecoder`].
+//! - [`checkpoint`]: save and load a model with its configuration; a configuration mismatch is
+//!   a typed error naming the field.
+//!
+//! ```
+//! use burn::backend::NdArray;
+//! use xfmr_models::{GenerationOptions, TransformerConfig};
+//!
+//! let device = Default::default();
+//! let model = TransformerConfig::tiny(32).init::<NdArray>(&device).unwrap();
+//! // Translate two sentences (ids 3.. are words; 0 pad, 1 start, 2 end).
+//! let out = model
+//!     .generate(&[vec![5, 6, 7], vec![8, 9]], 1, &GenerationOptions::greedy(10, 2, 0))
+//!     .unwrap();
+//! assert_eq!(out.hypotheses.len(), 2);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+mod decoder_only;
+mod encoder_only;
+mod error;
+pub mod generate;
+pub mod hf;
+mod loss;
+mod positions;
+mod transformer;
+
+pub use decoder_only::{DecoderOnly, DecoderOnlyConfig, LmState};
+pub use encoder_only::{l2_normalize, EncoderOnly, EncoderOnlyConfig, MlmHead, Pooling};
+pub use error::ModelError;
+pub use generate::{
+    BeamOptions, Generation, GenerationOptions, Hypothesis, IncrementalDecoder, SampleOptions,
+    Strategy,
+};
+pub use loss::{cross_entropy, shift_right};
+pub use positions::{PositionKind, Positions};
+pub use transformer::{Memory, Seq2SeqState, Transformer, TransformerConfig};
+
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+
+/// An integer tensor from host values.
+pub(crate) fn int_tensor<B: Backend, const D: usize>(
+    values: Vec<i64>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Int> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), ModelError> {
+    if value == 0 {
+        return Err(ModelError::InvalidConfig {
+            field,
+            value: "0".into(),
+            expected: "a positive size",
+        });
+    }
+    Ok(())
+}
+
+/// Every id of `rows` must be below `vocab`, and there must be at least one row.
+pub(crate) fn check_ids(what: &str, rows: &[Vec<u32>], vocab: usize) -> Result<(), ModelError> {
+    if rows.is_empty() {
+        return Err(ModelError::InvalidInput(format!("no {what} sequences")));
+    }
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(&id) = row.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ModelError::InvalidInput(format!(
+                "{what} {i} holds id {id}, outside the vocabulary of {vocab}"
+            )));
+        }
+    }
+    Ok(())
+}

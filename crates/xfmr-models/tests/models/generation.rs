@@ -1,0 +1,343 @@
+//! Generation invariants on random tiny models.
+
+use burn::tensor::activation::log_softmax;
+use xfmr_models::{
+    generate::length_penalty, BeamOptions, Generation, GenerationOptions, IncrementalDecoder,
+    ModelError, SampleOptions, Strategy,
+};
+use xfmr_testing::{assert_close_slices, to_vec};
+
+use crate::{ids, sources, tiny_lm, tiny_transformer, Cpu, Device, BOS, EOS, PAD};
+
+const MAX_LEN: usize = 12;
+
+fn greedy() -> GenerationOptions {
+    GenerationOptions::greedy(MAX_LEN, EOS, PAD)
+}
+
+fn beam(beam_size: usize, n_best: usize) -> GenerationOptions {
+    greedy().with_strategy(Strategy::Beam(BeamOptions {
+        beam_size,
+        length_penalty: 0.6,
+        n_best,
+    }))
+}
+
+fn sample(seed: u64, top_k: Option<usize>, top_p: Option<f64>) -> GenerationOptions {
+    greedy().with_strategy(Strategy::Sample(SampleOptions {
+        temperature: 1.5,
+        top_k,
+        top_p,
+        seed,
+    }))
+}
+
+/// Tokens and log-probabilities agree (log-probabilities within `tol`).
+fn assert_same(a: &Generation, b: &Generation, tol: f64, what: &str) {
+    assert_eq!(a.hypotheses.len(), b.hypotheses.len(), "{what}: batch");
+    for (i, (x, y)) in a.hypotheses.iter().zip(&b.hypotheses).enumerate() {
+        assert_eq!(x.len(), y.len(), "{what}: input {i}: hypothesis count");
+        for (h, g) in x.iter().zip(y) {
+            assert_eq!(h.tokens, g.tokens, "{what}: input {i}: tokens");
+            assert_eq!(h.finished, g.finished, "{what}: input {i}: finished");
+            assert!(
+                (h.log_prob - g.log_prob).abs() <= tol,
+                "{what}: input {i}: log_prob {} vs {}",
+                h.log_prob,
+                g.log_prob
+            );
+        }
+    }
+}
+
+/// Guards the invariants against passing on empty outputs: some sequence is several tokens
+/// long and the sequences are not all the same.
+fn assert_nontrivial(g: &Generation) {
+    let best = g.best_tokens();
+    assert!(
+        best.iter().any(|t| t.len() >= 3),
+        "all outputs short: {best:?}"
+    );
+    assert!(
+        best.windows(2).any(|w| w[0] != w[1]),
+        "all outputs equal: {best:?}"
+    );
+}
+
+#[test]
+fn beam_one_equals_greedy() {
+    for seed in [1, 2, 3] {
+        let model = tiny_transformer(seed);
+        let g = model.generate(&sources(), BOS, &greedy()).unwrap();
+        let b = model.generate(&sources(), BOS, &beam(1, 1)).unwrap();
+        assert_same(&g, &b, 1e-9, "transformer beam 1 vs greedy");
+        assert_nontrivial(&g);
+        let lm = tiny_lm(seed);
+        let g = lm.generate(&sources(), &greedy()).unwrap();
+        let b = lm.generate(&sources(), &beam(1, 1)).unwrap();
+        assert_same(&g, &b, 1e-9, "decoder-only beam 1 vs greedy");
+        assert_nontrivial(&g);
+    }
+}
+
+/// Greedy decoding by hand through `step`: each step's logits equal the last row of a full
+/// recomputation over the whole prefix.
+#[test]
+fn cached_steps_equal_full_recomputation() {
+    let device: Device = Default::default();
+    let model = tiny_transformer(7);
+    let src = ids::<Cpu>(&[sources()[0].clone()], &device);
+    let memory = model.encode(src).unwrap();
+    let mut state = model.start(memory.clone());
+    let mut prefix = vec![BOS];
+    let mut next = ids::<Cpu>(&[vec![BOS]], &device);
+    for _ in 0..MAX_LEN {
+        let step = model.step(&mut state, next, false).unwrap();
+        let full = model
+            .decode(ids::<Cpu>(&[prefix.clone()], &device), &memory)
+            .unwrap();
+        let [_, len, vocab] = full.dims();
+        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
+        assert_close_slices(
+            &to_vec(&step.logits),
+            &step.logits.dims(),
+            &to_vec(&last),
+            &last.dims(),
+            1e-4,
+            0.0,
+            "cached step logits vs full prefix",
+        );
+        let logits = to_vec(&step.logits);
+        let token = (0..vocab)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap() as u32;
+        prefix.push(token);
+        next = ids::<Cpu>(&[vec![token]], &device);
+    }
+    // The same tokens come out of the generation API.
+    let g = model
+        .generate(&[sources()[0].clone()], BOS, &greedy())
+        .unwrap();
+    let n = g.hypotheses[0][0].tokens.len();
+    assert_eq!(g.hypotheses[0][0].tokens, prefix[1..=n].to_vec());
+
+    // Decoder-only: the prompt in one step, then one token at a time.
+    let lm = tiny_lm(7);
+    let prompt = sources()[2].clone();
+    let mut state = lm.start(1);
+    let mut prefix = prompt.clone();
+    let mut next = ids::<Cpu>(&[prompt], &device);
+    for _ in 0..MAX_LEN {
+        let step = lm.step(&mut state, next, false).unwrap();
+        let full = lm.forward(ids::<Cpu>(&[prefix.clone()], &device)).unwrap();
+        let [_, len, vocab] = full.dims();
+        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
+        assert_close_slices(
+            &to_vec(&step.logits),
+            &step.logits.dims(),
+            &to_vec(&last),
+            &last.dims(),
+            1e-4,
+            0.0,
+            "decoder-only cached step logits vs full prefix",
+        );
+        let logits = to_vec(&step.logits);
+        let token = (0..vocab)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap() as u32;
+        prefix.push(token);
+        next = ids::<Cpu>(&[vec![token]], &device);
+    }
+}
+
+#[test]
+fn batched_equals_one_by_one() {
+    let model = tiny_transformer(11);
+    let lm = tiny_lm(11);
+    for (name, options) in [
+        ("greedy", greedy()),
+        ("beam 3", beam(3, 2)),
+        ("sample top-k 1", sample(5, Some(1), None)),
+    ] {
+        let batched = model.generate(&sources(), BOS, &options).unwrap();
+        let lm_batched = lm.generate(&sources(), &options).unwrap();
+        assert_nontrivial(&batched);
+        assert_nontrivial(&lm_batched);
+        for (i, src) in sources().into_iter().enumerate() {
+            let alone = model
+                .generate(std::slice::from_ref(&src), BOS, &options)
+                .unwrap();
+            let one = Generation {
+                hypotheses: vec![batched.hypotheses[i].clone()],
+            };
+            assert_same(
+                &one,
+                &alone,
+                1e-4,
+                &format!("transformer {name}, input {i}"),
+            );
+            let alone = lm.generate(&[src], &options).unwrap();
+            let one = Generation {
+                hypotheses: vec![lm_batched.hypotheses[i].clone()],
+            };
+            assert_same(
+                &one,
+                &alone,
+                1e-4,
+                &format!("decoder-only {name}, prompt {i}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn sampling_is_reproducible_and_top_k_one_is_greedy() {
+    let model = tiny_transformer(5);
+    let a = model
+        .generate(&sources(), BOS, &sample(42, None, None))
+        .unwrap();
+    let b = model
+        .generate(&sources(), BOS, &sample(42, None, None))
+        .unwrap();
+    assert_same(&a, &b, 0.0, "same seed");
+    // Another seed draws another sequence somewhere (temperature 1.5 over 24 tokens).
+    let differs = (0..5).any(|seed| {
+        model
+            .generate(&sources(), BOS, &sample(100 + seed, None, None))
+            .unwrap()
+            .best_tokens()
+            != a.best_tokens()
+    });
+    assert!(differs, "five other seeds all reproduced seed 42's samples");
+
+    let g = model.generate(&sources(), BOS, &greedy()).unwrap();
+    let k1 = model
+        .generate(&sources(), BOS, &sample(9, Some(1), None))
+        .unwrap();
+    assert_same(&g, &k1, 1e-12, "top-k 1 vs greedy");
+    // A nucleus smaller than any single probability keeps only the most probable token.
+    let p0 = model
+        .generate(&sources(), BOS, &sample(9, None, Some(1e-9)))
+        .unwrap();
+    assert_same(&g, &p0, 1e-12, "top-p → 0 vs greedy");
+}
+
+#[test]
+fn beam_returns_n_best_sorted_with_gnmt_scores() {
+    let model = tiny_transformer(3);
+    let out = model.generate(&sources(), BOS, &beam(4, 3)).unwrap();
+    for hyps in &out.hypotheses {
+        assert_eq!(hyps.len(), 3);
+        for w in hyps.windows(2) {
+            assert!(w[0].score >= w[1].score, "n-best not sorted: {w:?}");
+        }
+        for h in hyps {
+            let len = h.tokens.len() + usize::from(h.finished);
+            let expected = h.log_prob / length_penalty(len, 0.6);
+            assert!(
+                (h.score - expected).abs() < 1e-12,
+                "score {} vs {expected}",
+                h.score
+            );
+            assert!(h.log_prob <= 0.0);
+        }
+    }
+    // Beam search finds a sequence at least as probable (by its own score) as greedy's.
+    let g = model.generate(&sources(), BOS, &greedy()).unwrap();
+    for (b, g) in out.hypotheses.iter().zip(&g.hypotheses) {
+        let g = &g[0];
+        if g.finished {
+            let g_score = g.log_prob / length_penalty(g.tokens.len() + 1, 0.6);
+            assert!(
+                b[0].score >= g_score - 1e-9,
+                "beam {} < greedy {g_score}",
+                b[0].score
+            );
+        }
+    }
+}
+
+#[test]
+fn min_len_and_end_token() {
+    let model = tiny_transformer(4);
+    let out = model
+        .generate(&sources(), BOS, &greedy().with_min_len(MAX_LEN))
+        .unwrap();
+    for h in out.hypotheses.iter().map(|h| &h[0]) {
+        assert_eq!(h.tokens.len(), MAX_LEN, "the end token was forbidden");
+        assert!(!h.finished);
+        assert!(!h.tokens.contains(&EOS));
+    }
+    // An end token ends a sequence: nothing after it, and it is not in the output.
+    let out = model.generate(&sources(), BOS, &beam(2, 2)).unwrap();
+    for h in out.hypotheses.iter().flatten() {
+        assert!(!h.tokens.contains(&EOS));
+        assert!(h.tokens.len() <= MAX_LEN);
+    }
+}
+
+#[test]
+fn cross_attention_per_token() {
+    let model = tiny_transformer(8);
+    let srcs = sources();
+    let max_src = srcs.iter().map(Vec::len).max().unwrap();
+    for options in [greedy().with_attention(), beam(2, 1).with_attention()] {
+        let out = model.generate(&srcs, BOS, &options).unwrap();
+        for (src, hyps) in srcs.iter().zip(&out.hypotheses) {
+            let h = &hyps[0];
+            let rows = h.attention.as_ref().expect("attention requested");
+            assert_eq!(rows.len(), h.tokens.len(), "one row per generated token");
+            for row in rows {
+                assert_eq!(row.len(), max_src);
+                let total: f32 = row.iter().sum();
+                assert!((total - 1.0).abs() < 1e-4, "weights sum to {total}");
+                assert!(
+                    row[src.len()..].iter().all(|&w| w == 0.0),
+                    "padding attended: {row:?}"
+                );
+            }
+        }
+    }
+    let plain = model.generate(&srcs, BOS, &greedy()).unwrap();
+    assert!(plain.hypotheses[0][0].attention.is_none());
+}
+
+#[test]
+fn invalid_options_and_inputs_are_named() {
+    let model = tiny_transformer(1);
+    let err = |options: GenerationOptions| model.generate(&sources(), BOS, &options).unwrap_err();
+    let field = |e: ModelError| match e {
+        ModelError::InvalidOption { field, .. } => field,
+        other => panic!("expected InvalidOption, got {other}"),
+    };
+    assert_eq!(field(err(beam(0, 1))), "beam_size");
+    assert_eq!(field(err(beam(2, 3))), "n_best");
+    assert_eq!(field(err(sample(0, Some(0), None))), "top_k");
+    assert_eq!(field(err(sample(0, None, Some(1.5)))), "top_p");
+    let mut o = greedy();
+    o.eos_id = 999;
+    assert_eq!(field(err(o)), "eos_id");
+    assert_eq!(field(err(greedy().with_min_len(MAX_LEN + 1))), "min_len");
+    let e = model.generate(&[vec![3, 99]], BOS, &greedy()).unwrap_err();
+    assert!(e.to_string().contains("99"), "{e}");
+    let lm = tiny_lm(1);
+    let e = lm.generate(&[vec![3], vec![]], &greedy()).unwrap_err();
+    assert!(e.to_string().contains("prompt 1 is empty"), "{e}");
+}
+
+/// Probabilities from `step` are a distribution (sanity of the host side).
+#[test]
+fn step_logits_are_finite() {
+    let device: Device = Default::default();
+    let model = tiny_transformer(2);
+    let memory = model.encode(ids::<Cpu>(&sources()[..1], &device)).unwrap();
+    let mut state = model.start(memory);
+    let step = model
+        .step(&mut state, ids::<Cpu>(&[vec![BOS]], &device), true)
+        .unwrap();
+    let p: f64 = to_vec(&log_softmax(step.logits, 1))
+        .iter()
+        .map(|l| l.exp())
+        .sum();
+    assert!((p - 1.0).abs() < 1e-5);
+}
