@@ -80,8 +80,16 @@ impl<B: Backend> TokenEmbedding<B> {
     pub fn logits(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let [batch, seq, d_model] = x.dims();
         let [vocab, _] = self.weight.dims();
-        x.reshape([batch * seq, d_model])
-            .matmul(self.weight.val().transpose())
-            .reshape([batch, seq, vocab])
+        let rows = batch * seq;
+        let x = x.reshape([rows, d_model]);
+        let logits = if rows <= 16 {
+            // Few rows (decoding): `(E xᵀ)ᵀ` keeps the large table as the left, row-major
+            // operand. Measured for a 32000 × 512 table: 1 row 114 → 38 ms on ndarray, 4 rows
+            // 6.7 → 2.5 ms on flex; from 64 rows on, `x Eᵀ` is faster (docs/benchmarks.md).
+            self.weight.val().matmul(x.transpose()).transpose()
+        } else {
+            x.matmul(self.weight.val().transpose())
+        };
+        logits.reshape([batch, seq, vocab])
     }
 }

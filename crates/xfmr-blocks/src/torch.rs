@@ -93,6 +93,13 @@ impl StateDict {
         self.tensors.remove(name).is_some()
     }
 
+    /// A tensor's shape and row-major values.
+    pub fn get(&self, name: &str) -> Option<(&[usize], &[f32])> {
+        self.tensors
+            .get(name)
+            .map(|(shape, values)| (shape.as_slice(), values.as_slice()))
+    }
+
     /// All tensor names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)

@@ -271,4 +271,17 @@ fn embedding_scale_and_tied_logits() {
         .matmul(emb.weight.val().transpose())
         .reshape([1, 2, 5]);
     assert!(max_abs_diff(&logits, &expected) < 1e-6);
+
+    // Both product orders (few rows: `(E xᵀ)ᵀ`; many: `x Eᵀ`) give `x Eᵀ`.
+    let mut rng = TestRng::new(9);
+    for rows in [1, 16, 17, 40] {
+        let x = rng.tensor::<Cpu, 3>([1, rows, 4], 1.0, &device);
+        let expected = x
+            .clone()
+            .reshape([rows, 4])
+            .matmul(emb.weight.val().transpose())
+            .reshape([1, rows, 5]);
+        let diff = max_abs_diff(&emb.logits(x), &expected);
+        assert!(diff < 1e-5, "{rows} rows: {diff}");
+    }
 }

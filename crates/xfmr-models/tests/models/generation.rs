@@ -55,7 +55,7 @@ fn assert_same(a: &Generation, b: &Generation, tol: f64, what: &str) {
 fn assert_nontrivial(g: &Generation) {
     let best = g.best_tokens();
     assert!(
-        best.iter().any(|t| t.len() >= 3),
+        best.iter().any(|t| t.len() >= 2),
         "all outputs short: {best:?}"
     );
     assert!(

@@ -3,12 +3,16 @@
 //! forcing and training, checkpoints, the encoder-only and decoder-only models.
 
 mod generation;
+mod hf;
 mod models;
 mod training;
 
-use burn::backend::{Autodiff, NdArray};
-use burn::module::AutodiffModule;
+use std::sync::Mutex;
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
+use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{
     cross_entropy, shift_right, DecoderOnly, DecoderOnlyConfig, Transformer, TransformerConfig,
@@ -41,12 +45,11 @@ pub fn ids<B: Backend>(rows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, In
 /// the input), on which the generation invariants would hold trivially; a little training gives
 /// input-dependent, still uncertain distributions.
 pub fn tiny_transformer(seed: u64) -> Transformer<Cpu> {
+    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let mut model = TransformerConfig::tiny(VOCAB)
-        .with_dropout(0.0)
-        .init::<Train>(&train_device)
-        .unwrap();
+    let config = TransformerConfig::tiny(VOCAB).with_dropout(0.0);
+    let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let src = ids::<Train>(&src, &train_device);
     let tgt = ids::<Train>(&tgt, &train_device);
@@ -58,17 +61,19 @@ pub fn tiny_transformer(seed: u64) -> Transformer<Cpu> {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }
-    model.valid()
+    to_cpu(
+        model.valid(),
+        config.init::<Cpu>(&Default::default()).unwrap(),
+    )
 }
 
 /// A tiny seeded language model, partly trained on "words, then the words reversed, end".
 pub fn tiny_lm(seed: u64) -> DecoderOnly<Cpu> {
+    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let mut model = DecoderOnlyConfig::tiny(VOCAB)
-        .with_dropout(0.0)
-        .init::<Train>(&train_device)
-        .unwrap();
+    let config = DecoderOnlyConfig::tiny(VOCAB).with_dropout(0.0);
+    let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let rows: Vec<Vec<u32>> = src
         .iter()
@@ -97,11 +102,28 @@ pub fn tiny_lm(seed: u64) -> DecoderOnly<Cpu> {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }
-    model.valid()
+    to_cpu(
+        model.valid(),
+        config.init::<Cpu>(&Default::default()).unwrap(),
+    )
 }
 
-/// Training backend of the fixtures above.
-type Train = Autodiff<Cpu>;
+/// Training backend of the fixtures above: flex, which no other test here uses, so that its
+/// global (per device type) random generator is drawn from by one fixture at a time (under
+/// [`TRAINING`]) and the fixtures are the same whatever tests run beside them.
+type Train = Autodiff<Flex>;
+
+/// Serialises the fixtures' seeding, lazy initialisation and training.
+static TRAINING: Mutex<()> = Mutex::new(());
+
+/// Moves a module to the test backend through its record bytes (full precision).
+fn to_cpu<M: Module<Flex>, N: Module<Cpu>>(model: M, target: N) -> N {
+    let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
+    let bytes = Recorder::<Flex>::record(&recorder, model.into_record(), ()).unwrap();
+    let record = Recorder::<Cpu>::load(&recorder, bytes, &Default::default()).unwrap();
+    target.load_record(record)
+}
+
 /// Adam steps of the partly trained fixtures.
 const STEPS: usize = 40;
 
