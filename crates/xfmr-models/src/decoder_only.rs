@@ -11,7 +11,10 @@ use xfmr_blocks::{
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{check_ids, check_positive, int_tensor, ModelError, PositionKind, Positions};
+use crate::{
+    check_ids, check_pad_id, check_positive, index_tensor, vocab_logits, ModelError, PositionKind,
+    Positions,
+};
 
 /// Configuration of [`DecoderOnly`]. Defaults follow GPT-2: pre-norm with a final norm, GELU,
 /// learned positions, output tied to the token embedding.
@@ -96,13 +99,7 @@ impl DecoderOnlyConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<DecoderOnly<B>, ModelError> {
         check_positive("vocab_size", self.vocab_size)?;
         check_positive("max_len", self.max_len)?;
-        if self.pad_id >= self.vocab_size {
-            return Err(ModelError::InvalidConfig {
-                field: "pad_id",
-                value: self.pad_id.to_string(),
-                expected: "an id inside the vocabulary",
-            });
-        }
+        check_pad_id(self.pad_id, self.vocab_size)?;
         Ok(DecoderOnly {
             embedding: TokenEmbeddingConfig::new(self.vocab_size, self.d_model)
                 .with_scale(self.scale_embeddings)
@@ -144,15 +141,7 @@ impl<B: Backend> DecoderOnly<B> {
     }
 
     fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.output {
-            Some(linear) => {
-                let [batch, seq, d] = h.dims();
-                let out = linear.forward(h.reshape([batch * seq, d]));
-                let vocab = out.dims()[1];
-                out.reshape([batch, seq, vocab])
-            }
-            None => self.embedding.logits(h),
-        }
+        vocab_logits(self.output.as_ref(), &self.embedding, h)
     }
 
     /// Next-token logits at every position (training, scoring).
@@ -292,13 +281,9 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
     }
 
     fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
-        let device = self.embedding.weight.device();
-        let idx = int_tensor::<B, 1>(
-            indices.iter().map(|&i| i as i64).collect(),
-            [indices.len()],
-            &device,
-        );
-        state.cache.reorder(idx);
+        state
+            .cache
+            .reorder(index_tensor(indices, &self.embedding.weight.device()));
         state.ignored = indices.iter().map(|&i| state.ignored[i].clone()).collect();
         state.next_position = indices.iter().map(|&i| state.next_position[i]).collect();
     }

@@ -12,7 +12,7 @@ use xfmr_blocks::{
     TokenEmbedding, TokenEmbeddingConfig,
 };
 
-use crate::{check_positive, ModelError, PositionKind, Positions};
+use crate::{check_pad_id, check_positive, ModelError, PositionKind, Positions};
 
 /// Configuration of [`EncoderOnly`]. Defaults are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
@@ -107,13 +107,7 @@ impl EncoderOnlyConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<EncoderOnly<B>, ModelError> {
         check_positive("vocab_size", self.vocab_size)?;
         check_positive("max_len", self.max_len)?;
-        if self.pad_id >= self.vocab_size {
-            return Err(ModelError::InvalidConfig {
-                field: "pad_id",
-                value: self.pad_id.to_string(),
-                expected: "an id inside the vocabulary",
-            });
-        }
+        check_pad_id(self.pad_id, self.vocab_size)?;
         if self.n_classes == Some(0) {
             return Err(ModelError::InvalidConfig {
                 field: "n_classes",

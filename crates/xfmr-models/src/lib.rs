@@ -61,12 +61,51 @@ pub(crate) fn int_tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 
+/// An index tensor `[indices.len()]` (beam reordering).
+pub(crate) fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
+    int_tensor::<B, 1>(
+        indices.iter().map(|&i| i as i64).collect(),
+        [indices.len()],
+        device,
+    )
+}
+
+/// Vocabulary logits of `h` `[batch, seq, d_model]`: through `output` when the model has an
+/// untied projection, else through the tied embedding `table` (paper §3.4).
+pub(crate) fn vocab_logits<B: Backend>(
+    output: Option<&burn::nn::Linear<B>>,
+    table: &xfmr_blocks::TokenEmbedding<B>,
+    h: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    match output {
+        Some(linear) => {
+            let [batch, seq, d] = h.dims();
+            // (B, T, d) -> (B·T, d): one 2-D product on the CPU backends.
+            let out = linear.forward(h.reshape([batch * seq, d]));
+            let vocab = out.dims()[1];
+            out.reshape([batch, seq, vocab])
+        }
+        None => table.logits(h),
+    }
+}
+
 pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), ModelError> {
     if value == 0 {
         return Err(ModelError::InvalidConfig {
             field,
             value: "0".into(),
             expected: "a positive size",
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_pad_id(pad_id: usize, vocab: usize) -> Result<(), ModelError> {
+    if pad_id >= vocab {
+        return Err(ModelError::InvalidConfig {
+            field: "pad_id",
+            value: pad_id.to_string(),
+            expected: "an id inside the vocabulary (both vocabularies for a Transformer)",
         });
     }
     Ok(())

@@ -11,7 +11,10 @@ use xfmr_blocks::{
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{check_ids, check_positive, int_tensor, ModelError, PositionKind, Positions};
+use crate::{
+    check_ids, check_pad_id, check_positive, index_tensor, int_tensor, vocab_logits, ModelError,
+    PositionKind, Positions,
+};
 
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
 /// [`base`](Self::base) and [`big`](Self::big) are its two models (Table 3), and
@@ -117,13 +120,7 @@ impl TransformerConfig {
                 expected: "equal vocabulary sizes to share one table",
             });
         }
-        if self.pad_id >= self.src_vocab_size.min(self.tgt_vocab_size) {
-            return Err(ModelError::InvalidConfig {
-                field: "pad_id",
-                value: self.pad_id.to_string(),
-                expected: "an id inside both vocabularies",
-            });
-        }
+        check_pad_id(self.pad_id, self.src_vocab_size.min(self.tgt_vocab_size))?;
         let layer = self.layer();
         let pre = self.norm_position == NormPosition::Pre;
         let embedding = |vocab| TokenEmbeddingConfig::new(vocab, self.d_model).init(device);
@@ -264,15 +261,7 @@ impl<B: Backend> Transformer<B> {
     }
 
     fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.output {
-            Some(linear) => {
-                let [batch, seq, d] = h.dims();
-                let out = linear.forward(h.reshape([batch * seq, d]));
-                let vocab = out.dims()[1];
-                out.reshape([batch, seq, vocab])
-            }
-            None => self.tgt_table().logits(h),
-        }
+        vocab_logits(self.output.as_ref(), self.tgt_table(), h)
     }
 
     /// Starts incremental decoding over `memory` (see [`IncrementalDecoder`]).
@@ -362,12 +351,7 @@ impl<B: Backend> IncrementalDecoder<B> for Transformer<B> {
     }
 
     fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
-        let device = state.memory.states.device();
-        let idx = int_tensor::<B, 1>(
-            indices.iter().map(|&i| i as i64).collect(),
-            [indices.len()],
-            &device,
-        );
+        let idx = index_tensor(indices, &state.memory.states.device());
         state.cache.reorder(idx.clone());
         state.memory.states = state.memory.states.clone().select(0, idx.clone());
         state.memory.mask =
