@@ -116,11 +116,27 @@ type Train = Autodiff<Flex>;
 /// Serialises the fixtures' seeding, lazy initialisation and training.
 static TRAINING: Mutex<()> = Mutex::new(());
 
+/// The same weights on flex (under [`TRAINING`]: flex's generator belongs to the fixtures).
+pub fn transformer_on_flex(model: &Transformer<Cpu>) -> Transformer<Flex> {
+    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
+    let target = TransformerConfig::tiny(VOCAB)
+        .with_dropout(0.0)
+        .init::<Flex>(&Default::default())
+        .unwrap();
+    convert::<Cpu, Flex, _, _>(model.clone(), target)
+}
+
 /// Moves a module to the test backend through its record bytes (full precision).
 fn to_cpu<M: Module<Flex>, N: Module<Cpu>>(model: M, target: N) -> N {
+    convert::<Flex, Cpu, M, N>(model, target)
+}
+
+/// Copies the weights of `model` (backend `A`) into `target` (backend `C`), an identically
+/// configured module, through full-precision record bytes.
+fn convert<A: Backend, C: Backend, M: Module<A>, N: Module<C>>(model: M, target: N) -> N {
     let recorder = BinBytesRecorder::<FullPrecisionSettings>::default();
-    let bytes = Recorder::<Flex>::record(&recorder, model.into_record(), ()).unwrap();
-    let record = Recorder::<Cpu>::load(&recorder, bytes, &Default::default()).unwrap();
+    let bytes = Recorder::<A>::record(&recorder, model.into_record(), ()).unwrap();
+    let record = Recorder::<C>::load(&recorder, bytes, &target.devices()[0]).unwrap();
     target.load_record(record)
 }
 
