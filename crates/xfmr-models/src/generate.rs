@@ -373,21 +373,26 @@ fn argmax(row: &[f64]) -> usize {
     best
 }
 
-/// Candidate token ids sorted by descending log-probability (ties: lower id first).
-fn ranked(row: &[f64]) -> Vec<usize> {
+/// The `n` most probable token ids (all of them for `None`), sorted by descending
+/// log-probability, ties to the lower id; impossible tokens (-inf) are left out.
+fn ranked(row: &[f64], n: Option<usize>) -> Vec<usize> {
+    let order = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
     let mut ids: Vec<usize> = (0..row.len())
         .filter(|&i| row[i] > f64::NEG_INFINITY)
         .collect();
-    ids.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+    if let Some(n) = n.filter(|&n| n > 0 && n < ids.len()) {
+        // Partition first (linear), sort only the kept few: beam search asks for 2k of a
+        // vocabulary of tens of thousands at every step.
+        ids.select_nth_unstable_by(n - 1, order);
+        ids.truncate(n);
+    }
+    ids.sort_by(order);
     ids
 }
 
 /// Draws a token from `log_probs` under temperature, top-k and top-p.
 fn draw(log_probs: &[f64], options: &SampleOptions, rng: &mut ChaCha8Rng) -> usize {
-    let mut ids = ranked(log_probs);
-    if let Some(k) = options.top_k {
-        ids.truncate(k.max(1));
-    }
+    let mut ids = ranked(log_probs, options.top_k);
     // Tempered, renormalised probabilities of the kept ids.
     let max = log_probs[ids[0]] / options.temperature;
     let mut probs: Vec<f64> = ids
@@ -540,7 +545,7 @@ fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
                     continue;
                 }
                 let row = &log_probs[b * k + j];
-                for token in ranked(row).into_iter().take(2 * k) {
+                for token in ranked(row, Some(2 * k)) {
                     candidates.push((bm.log_prob + row[token], j, token));
                 }
             }
