@@ -131,6 +131,22 @@ fn sublayer<B: Backend>(
     }
 }
 
+/// A stack's optional final norm.
+fn apply_final_norm<B: Backend>(norm: Option<&Norm<B>>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    match norm {
+        Some(norm) => norm.forward(x),
+        None => x,
+    }
+}
+
+/// Panics unless a cache holds one entry per layer.
+fn check_cache_layers(what: &str, cached: usize, layers: usize) {
+    assert_eq!(
+        cached, layers,
+        "{what} has {cached} layers, the stack {layers}"
+    );
+}
+
 /// Encoder layer: self-attention, then the feed-forward network, each a residual sublayer.
 #[derive(Module, Debug)]
 pub struct EncoderLayer<B: Backend> {
@@ -429,7 +445,7 @@ impl<B: Backend> Encoder<B> {
             .layers
             .iter()
             .fold(x, |x, layer| layer.forward(x, mask));
-        self.final_norm(x)
+        apply_final_norm(self.norm.as_ref(), x)
     }
 
     /// Causal pass through every layer (a decoder-only stack, see
@@ -442,7 +458,7 @@ impl<B: Backend> Encoder<B> {
             .layers
             .iter()
             .fold(x, |x, layer| layer.forward_causal(x, mask));
-        self.final_norm(x)
+        apply_final_norm(self.norm.as_ref(), x)
     }
 
     /// Incremental causal pass; equals the matching rows of
@@ -460,26 +476,13 @@ impl<B: Backend> Encoder<B> {
         cache: &mut SelfAttentionCache<B>,
         mask: Option<&AttnMask<B>>,
     ) -> Tensor<B, 3> {
-        assert_eq!(
-            cache.layers.len(),
-            self.layers.len(),
-            "SelfAttentionCache has {} layers, the stack {}",
-            cache.layers.len(),
-            self.layers.len()
-        );
+        check_cache_layers("SelfAttentionCache", cache.layers.len(), self.layers.len());
         let x = self
             .layers
             .iter()
             .zip(&mut cache.layers)
             .fold(x, |x, (layer, cache)| layer.forward_cached(x, cache, mask));
-        self.final_norm(x)
-    }
-
-    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.norm {
-            Some(norm) => norm.forward(x),
-            None => x,
-        }
+        apply_final_norm(self.norm.as_ref(), x)
     }
 }
 
@@ -583,7 +586,7 @@ impl<B: Backend> Decoder<B> {
         let x = self.layers.iter().fold(x, |x, layer| {
             layer.forward(x, memory.clone(), self_mask, memory_mask)
         });
-        self.final_norm(x)
+        apply_final_norm(self.norm.as_ref(), x)
     }
 
     /// Incremental pass over new positions; equals the matching rows of [`forward`](Self::forward).
@@ -624,13 +627,7 @@ impl<B: Backend> Decoder<B> {
         memory_mask: Option<&AttnMask<B>>,
         need_weights: bool,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
-        assert_eq!(
-            cache.layers.len(),
-            self.layers.len(),
-            "DecoderCache has {} layers, the decoder {}",
-            cache.layers.len(),
-            self.layers.len()
-        );
+        check_cache_layers("DecoderCache", cache.layers.len(), self.layers.len());
         let last = self.layers.len() - 1;
         let mut weights = None;
         let mut x = x;
@@ -646,13 +643,6 @@ impl<B: Backend> Decoder<B> {
             x = out;
             weights = w;
         }
-        (self.final_norm(x), weights)
-    }
-
-    fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        match &self.norm {
-            Some(norm) => norm.forward(x),
-            None => x,
-        }
+        (apply_final_norm(self.norm.as_ref(), x), weights)
     }
 }
