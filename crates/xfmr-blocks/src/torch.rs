@@ -155,6 +155,14 @@ impl<'a, B: Backend> StateDictImporter<'a, B> {
         }
     }
 
+    /// Marks `name` as deliberately not imported (a buffer, a tied copy), so that
+    /// [`finish`](Self::finish) does not report it as unexpected.
+    pub fn ignore(&mut self, name: &str) {
+        if self.dict.tensors.contains_key(name) {
+            self.used.insert(name.to_string());
+        }
+    }
+
     /// Records a problem that is not about one tensor.
     pub fn report_other(&mut self, message: String) {
         self.report.other.push(message);
@@ -220,15 +228,9 @@ impl<'a, B: Backend> StateDictImporter<'a, B> {
 
     /// `{name}.weight` and `{name}.bias` (LayerNorm only) into `norm`.
     pub fn norm(&mut self, norm: &mut Norm<B>, name: &str) {
-        let [d] = norm.gamma.dims();
-        if let Some(gamma) = self.take(&format!("{name}.weight"), [d]) {
-            norm.gamma = Param::initialized(norm.gamma.id, gamma.require_grad());
-        }
-        if let Some(beta) = norm.beta.take() {
-            norm.beta = Some(match self.take(&format!("{name}.bias"), [d]) {
-                Some(b) => Param::initialized(beta.id, b.require_grad()),
-                None => beta,
-            });
+        self.param(&mut norm.gamma, &format!("{name}.weight"));
+        if let Some(beta) = norm.beta.as_mut() {
+            self.param(beta, &format!("{name}.bias"));
         }
     }
 

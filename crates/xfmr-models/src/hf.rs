@@ -118,18 +118,18 @@ pub fn load_bert<B: Backend>(
     mut model: EncoderOnly<B>,
     dict: &StateDict,
 ) -> Result<EncoderOnly<B>, ModelError> {
-    let mut dict = dict.clone();
-    dict.remove("embeddings.position_ids");
-    dict.remove("bert.embeddings.position_ids");
-    dict.remove("cls.predictions.decoder.weight");
-    dict.remove("cls.predictions.decoder.bias");
     let p = if dict.names().any(|n| n.starts_with("bert.")) {
         "bert."
     } else {
         ""
     };
     let device = model.token_embedding.weight.device();
-    let mut imp = StateDictImporter::<B>::new(&dict, device);
+    let mut imp = StateDictImporter::<B>::new(dict, device);
+    // Not parameters: a position-index buffer and a copy of the tied word embeddings.
+    imp.ignore("embeddings.position_ids");
+    imp.ignore("bert.embeddings.position_ids");
+    imp.ignore("cls.predictions.decoder.weight");
+    imp.ignore("cls.predictions.decoder.bias");
     imp.param(
         &mut model.token_embedding.weight,
         &format!("{p}embeddings.word_embeddings.weight"),
