@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use xfmr::attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
+use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
 /// Sentence pairs (Spanish TAB English) from the public-domain corpus; see data/README.md.
@@ -249,7 +250,7 @@ fn embed<B: Backend>(
                 .map(|(s, e)| serde_json::json!({ "sentence": s, "embedding": e }))
                 .collect();
             let text = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
-            write_atomic(path, text.as_bytes())
+            checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())
         }
         None => {
             for e in &embeddings {
@@ -265,16 +266,6 @@ fn similarity<B: Backend>(a: &str, b: &str, args: &ModelArgs) -> Result<(), Stri
     let e = encoder.embed(&[a, b]).map_err(|e| e.to_string())?;
     println!("{:.6}", cosine(&e[0], &e[1]));
     Ok(())
-}
-
-/// Writes through a temporary file in the same directory and a rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, bytes).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("{}: {e}", path.display())
-    })
 }
 
 fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<(), String> {

@@ -55,8 +55,12 @@ impl ModelConfig for EncoderOnlyConfig {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
+/// that `path` holds either its old content or all of `bytes`, never a part.
+///
+/// # Errors
+/// [`ModelError::Io`] naming the file that could not be written or renamed.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     fs::write(&tmp, bytes).map_err(|e| ModelError::io(&tmp, e))?;
     fs::rename(&tmp, path).map_err(|e| {

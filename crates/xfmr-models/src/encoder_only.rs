@@ -270,7 +270,7 @@ impl<B: Backend> EncoderOnly<B> {
     pub fn pool(hidden: Tensor<B, 3>, keep: Tensor<B, 2, Int>, pooling: Pooling) -> Tensor<B, 2> {
         let [batch, _, d_model] = hidden.dims();
         match pooling {
-            Pooling::Cls => hidden.narrow(1, 0, 1).reshape([batch, d_model]),
+            Pooling::Cls => cls_state(hidden),
             Pooling::Mean => {
                 let weights = keep.float().unsqueeze_dim::<3>(2);
                 let sum = (hidden * weights.clone())
@@ -295,8 +295,7 @@ impl<B: Backend> EncoderOnly<B> {
             .pooler
             .as_ref()
             .expect("EncoderOnly::pooled: no pooler");
-        let [batch, _, d] = hidden.dims();
-        tanh(pooler.forward(hidden.narrow(1, 0, 1).reshape([batch, d])))
+        tanh(pooler.forward(cls_state(hidden)))
     }
 
     /// Sequence classification logits from the pooled output (or the `[CLS]` state without a
@@ -312,10 +311,9 @@ impl<B: Backend> EncoderOnly<B> {
             .classifier
             .as_ref()
             .expect("EncoderOnly::classify: no classification head (set n_classes)");
-        let [batch, _, d] = hidden.dims();
         let pooled = match &self.pooler {
             Some(_) => self.pooled(hidden),
-            None => hidden.narrow(1, 0, 1).reshape([batch, d]),
+            None => cls_state(hidden),
         };
         classifier.forward(self.dropout.forward(pooled))
     }
@@ -337,6 +335,12 @@ impl<B: Backend> EncoderOnly<B> {
         let h = head.norm.forward(h.reshape([batch, seq, d]));
         self.token_embedding.logits(h) + head.bias.val().unsqueeze::<3>()
     }
+}
+
+/// The first token's state `[batch, d_model]` of `hidden` `[batch, seq, d_model]`.
+fn cls_state<B: Backend>(hidden: Tensor<B, 3>) -> Tensor<B, 2> {
+    let [batch, _, d_model] = hidden.dims();
+    hidden.narrow(1, 0, 1).reshape([batch, d_model])
 }
 
 /// L2-normalises rows (sentence-transformers' `Normalize`): `x / max(‖x‖, 1e-12)`.
