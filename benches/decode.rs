@@ -2,7 +2,7 @@
 //! widths (d_model 512, 8 heads, d_ff 2048, 6 layers, post-norm, f32, inference), on the
 //! ndarray and flex CPU backends.
 //!
-//! - `xfmr stack`: `xfmr_blocks::Decoder::forward_cached`, one new position per step through
+//! - `xfmr stack`: `xfmr_blocks::Decoder::step`, one new position per step through
 //!   the key/value cache (self-attention keys/values appended, memory projected once).
 //! - `burn-nn stack`: burn-nn 0.21's `TransformerDecoder::forward_autoregressive_inference`
 //!   with its autoregressive cache, fed the whole target so far each step (its API). Same
@@ -29,7 +29,7 @@ use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::transformer::{TransformerDecoderConfig, TransformerDecoderInput};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use xfmr::blocks::{DecoderCache, LayerConfig, StackConfig};
+use xfmr::blocks::{DecoderInput, LayerConfig, StackConfig};
 use xfmr::models::{DecoderOnlyConfig, GenerationOptions};
 
 const STEPS: usize = 256;
@@ -104,19 +104,14 @@ fn xfmr_stack<B: Backend>(device: &B::Device, steps: usize) -> Profile {
         .unwrap();
     let memory = Tensor::<B, 3>::random([1, MEMORY, D_MODEL], Distribution::Default, device);
     let inputs = Tensor::<B, 3>::random([1, steps, D_MODEL], Distribution::Default, device);
-    let mut cache = DecoderCache::new(LAYERS);
+    // The memory is projected once here, as `Transformer::generate` does before its first step.
+    let mut cache = decoder.start(&memory, None);
     Profile::Steps(
         (0..steps)
             .map(|t| {
                 let start = Instant::now();
-                let out = decoder.forward_cached(
-                    inputs.clone().narrow(1, t, 1),
-                    memory.clone(),
-                    &mut cache,
-                    None,
-                    None,
-                );
-                let _ = out.into_data();
+                let out = decoder.step(DecoderInput::new(inputs.clone().narrow(1, t, 1)), &mut cache);
+                let _ = out.hidden.into_data();
                 start.elapsed()
             })
             .collect(),
@@ -148,7 +143,7 @@ fn burn_nn_stack<B: Backend>(device: &B::Device, steps: usize) -> Profile {
 
 fn xfmr_lm<B: Backend>(device: &B::Device, steps: usize) -> Profile {
     let model = DecoderOnlyConfig::base(32_000)
-        .with_dropout(0.0)
+        .map_layer(|l| l.with_dropout(0.0))
         .init::<B>(device)
         .unwrap();
     // `generate` reports no per-step times: time the whole call (tokens/s only).

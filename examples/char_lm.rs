@@ -54,9 +54,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|l| encode(l).into_iter().chain([EOS]))
         .collect();
 
-    let config = DecoderOnlyConfig::new(chars.len() + 2, 128, 4, 512, 3)
-        .with_max_len(256)
-        .with_dropout(0.1);
+    let layer = DecoderOnlyConfig::gpt_layer(128, 4, 512).with_dropout(0.1);
+    let config = DecoderOnlyConfig::new(chars.len() + 2, layer, 3).with_max_len(256);
     let device = Default::default();
     <Train as Backend>::seed(&device, 0);
     let mut model: DecoderOnly<Train> = config.init(&device)?;

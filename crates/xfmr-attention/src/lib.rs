@@ -42,6 +42,7 @@
 
 mod cache;
 mod error;
+mod input;
 mod mask;
 mod mha;
 mod rotation;
@@ -51,7 +52,8 @@ mod torch;
 pub use cache::KvCache;
 pub use error::AttentionError;
 pub use mask::AttnMask;
-pub use mha::{MhaInput, MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use input::MhaInput;
+pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use rotation::QkRotation;
 pub use sdpa::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,

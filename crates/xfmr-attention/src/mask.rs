@@ -14,11 +14,14 @@
 //! | [`AttnMask::causal`], [`AttnMask::from_attn_mask`] | `[1, 1, seq_q, seq_k]` |
 //! | [`AttnMask::from_tensor`] | as given |
 //!
-//! Masks combine with [`AttnMask::union`] (a key is ignored if either mask ignores it).
+//! Masks combine with [`AttnMask::union`] (a key is ignored if either mask ignores it), follow a
+//! reordered batch with [`AttnMask::select_batch`] and shrink to a key prefix with
+//! [`AttnMask::narrow_keys`].
 //! A query row whose keys are *all* ignored gets a zero context vector and zero weights: see
 //! [`crate::scaled_dot_product_attention`].
 
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
+
 
 use crate::AttentionError;
 
@@ -154,6 +157,39 @@ impl<B: Backend> AttnMask<B> {
                 .ignored
                 .expand(shape)
                 .bool_or(other.ignored.expand(shape)),
+        }
+    }
+
+    /// Keeps (or repeats) rows along the batch: row `i` of the result is row `indices[i]` of
+    /// this mask (beam search following its surviving hypotheses). A mask shared by the batch
+    /// (stored batch 1) is returned as it is.
+    ///
+    /// # Shapes
+    /// - `indices`: `[new_batch]`, values in `0..batch`
+    /// - stored mask: `[new_batch, heads, seq_q, seq_k]` (or unchanged for a shared mask)
+    pub fn select_batch(self, indices: Tensor<B, 1, Int>) -> Self {
+        if self.dims()[0] == 1 {
+            return self;
+        }
+        Self {
+            ignored: self.ignored.select(0, indices),
+        }
+    }
+
+    /// The keys `start..start + len` only (the prefix of a padding mask that the first
+    /// `start + len` steps of incremental decoding see, say).
+    ///
+    /// # Panics
+    /// If `start + len` exceeds the stored key length.
+    pub fn narrow_keys(self, start: usize, len: usize) -> Self {
+        let seq_k = self.dims()[3];
+        assert!(
+            start + len <= seq_k,
+            "AttnMask::narrow_keys: keys {start}..{} of a mask over {seq_k} keys",
+            start + len
+        );
+        Self {
+            ignored: self.ignored.narrow(3, start, len),
         }
     }
 

@@ -12,17 +12,15 @@
 //! heads, each shared by `n_heads / n_kv_heads` query heads (GQA; `n_kv_heads = 1` is multi-query
 //! attention). With the default `n_kv_heads = n_heads` it is the paper's layer.
 
-use std::sync::Arc;
-
 use burn::config::Config;
-use burn::module::{Initializer, Module, Param};
+use burn::module::{Initializer, Module};
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
 use crate::sdpa::{
     scaled_dot_product_attention, AttentionKernel, AttentionOptions, AttentionOutput,
 };
-use crate::{AttentionError, AttnMask, KvCache, QkRotation};
+use crate::{AttentionError, AttnMask, KvCache, MhaInput, QkRotation};
 
 /// Configuration of [`MultiHeadAttention`].
 #[derive(Config, Debug)]
@@ -170,96 +168,6 @@ pub struct MultiHeadAttention<B: Backend> {
     pub kernel: AttentionKernel,
 }
 
-/// Input of [`MultiHeadAttention`]: what attends to what, under which mask.
-///
-/// ```
-/// # use burn::backend::NdArray;
-/// # use burn::tensor::Tensor;
-/// # use xfmr_attention::{AttnMask, MhaInput};
-/// # let device = Default::default();
-/// # let x = Tensor::<NdArray, 3>::zeros([2, 5, 8], &device);
-/// # let memory = Tensor::<NdArray, 3>::zeros([2, 7, 8], &device);
-/// let pad = AttnMask::padding_from_lengths(&[5, 3], 5, &device).unwrap();
-/// let decoder_self = MhaInput::self_attn(x.clone()).causal().mask(pad);
-/// let cross = MhaInput::cross(x, memory).need_weights();
-/// ```
-#[derive(Debug, Clone)]
-pub struct MhaInput<B: Backend> {
-    query: Tensor<B, 3>,
-    memory: Option<Tensor<B, 3>>,
-    mask: Option<AttnMask<B>>,
-    bias: Option<Tensor<B, 4>>,
-    rotation: Option<Arc<dyn QkRotation<B>>>,
-    causal: bool,
-    need_weights: bool,
-}
-
-impl<B: Backend> MhaInput<B> {
-    /// Self-attention: queries, keys and values all from `x` `[batch, seq, d_model]`.
-    pub fn self_attn(x: Tensor<B, 3>) -> Self {
-        Self {
-            query: x,
-            memory: None,
-            mask: None,
-            bias: None,
-            rotation: None,
-            causal: false,
-            need_weights: false,
-        }
-    }
-
-    /// Cross-attention: queries from `query` `[batch, seq_q, d_model]`, keys and values from
-    /// `memory` `[batch, seq_k, d_model]`.
-    pub fn cross(query: Tensor<B, 3>, memory: Tensor<B, 3>) -> Self {
-        Self {
-            memory: Some(memory),
-            ..Self::self_attn(query)
-        }
-    }
-
-    /// Adds a mask (`true` = ignored); combined with any mask already set.
-    pub fn mask(mut self, mask: AttnMask<B>) -> Self {
-        self.mask = Some(match self.mask {
-            Some(existing) => existing.union(mask),
-            None => mask,
-        });
-        self
-    }
-
-    /// Adds an optional mask (`true` = ignored).
-    pub fn mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
-        match mask {
-            Some(mask) => self.mask(mask),
-            None => self,
-        }
-    }
-
-    /// Makes the attention causal (look-ahead mask, see [`AttnMask::causal`]).
-    pub fn causal(mut self) -> Self {
-        self.causal = true;
-        self
-    }
-
-    /// Adds an additive bias on the scores `[batch|1, n_heads|1, seq_q|1, seq_k]` (ALiBi, ...).
-    pub fn bias(mut self, bias: Tensor<B, 4>) -> Self {
-        self.bias = Some(bias);
-        self
-    }
-
-    /// Rotates the projected queries and keys by their positions before attention (rotary
-    /// position embeddings, e.g. `xfmr_position::RotaryEncoding`). Self-attention only.
-    pub fn rotary(mut self, rotation: impl QkRotation<B> + 'static) -> Self {
-        self.rotation = Some(Arc::new(rotation));
-        self
-    }
-
-    /// Requests the per-head attention weights in the output.
-    pub fn need_weights(mut self) -> Self {
-        self.need_weights = true;
-        self
-    }
-}
-
 /// Output of [`MultiHeadAttention`].
 pub type MhaOutput<B> = AttentionOutput<B, 3>;
 
@@ -404,6 +312,60 @@ impl<B: Backend> MultiHeadAttention<B> {
         KvCache::from_parts(key, value)
     }
 
+    /// Attention of new queries over keys/values projected beforehand
+    /// ([`project_memory`](Self::project_memory)): the cross-attention of a decoding step, where
+    /// the encoder memory was projected once when decoding started. `memory` holds the
+    /// projected keys/values and is not changed; `input` must be built with
+    /// [`MhaInput::self_attn`] over the queries (its mask covers the memory's keys).
+    ///
+    /// # Shapes
+    /// - `input.query`: `[batch, new, d_model]`
+    /// - `memory`: `[batch, n_kv_heads, seq_k, d_k]`
+    /// - mask: broadcastable to `[batch, n_heads, new, seq_k]`
+    /// - output `context`: `[batch, new, d_model]`; `weights`: `[batch, n_heads, new, seq_k]`
+    ///
+    /// # Errors
+    /// [`AttentionError::InputShape`] for a wrong width, a batch other than the memory's or an
+    /// empty memory; [`AttentionError::MaskShape`] for a mask that does not broadcast;
+    /// [`AttentionError::RotaryCrossAttention`] if the input asks for rotary positions.
+    pub fn try_forward_projected(
+        &self,
+        input: MhaInput<B>,
+        memory: &KvCache<B>,
+    ) -> Result<MhaOutput<B>, AttentionError> {
+        let [batch, seq_q, _] = self.check_query(&input.query)?;
+        if input.rotation.is_some() {
+            return Err(AttentionError::RotaryCrossAttention);
+        }
+        let (Some(key), Some(value)) = (memory.keys(), memory.values()) else {
+            return Err(AttentionError::InputShape {
+                what: "memory",
+                actual: vec![0],
+                expected: "projected keys/values (an empty cache was given)".into(),
+            });
+        };
+        if memory.batch_size() != Some(batch) {
+            return Err(AttentionError::InputShape {
+                what: "query",
+                actual: input.query.dims().to_vec(),
+                expected: format!("batch {:?} to match the projected memory", memory.batch_size()),
+            });
+        }
+        let seq_k = memory.len();
+        self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
+        let device = input.query.device();
+        let query = self.project(input.query, &self.query, self.n_heads);
+        let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &device);
+        self.attend(
+            query,
+            key.clone(),
+            value.clone(),
+            mask,
+            input.bias,
+            input.need_weights,
+        )
+    }
+
     /// `x W + b`, split into heads.
     ///
     /// `[batch, seq, d_model]` → `[batch, heads, seq, d_k]`. The projection runs as one 2-D
@@ -538,20 +500,4 @@ fn with_causal<B: Backend>(
         Some(mask) => mask.union(causal),
         None => causal,
     })
-}
-
-/// Replaces a [`Linear`]'s parameters, keeping their ids. The new tensors are marked as
-/// requiring gradients (`Param::initialized` inherits the flag from its tensor, and an imported
-/// tensor has none): imported weights stay trainable under autodiff.
-pub(crate) fn set_linear<B: Backend>(
-    linear: &mut Linear<B>,
-    weight: Tensor<B, 2>,
-    bias: Option<Tensor<B, 1>>,
-) {
-    linear.weight = Param::initialized(linear.weight.id, weight.require_grad());
-    linear.bias = match (linear.bias.take(), bias) {
-        (Some(old), Some(b)) => Some(Param::initialized(old.id, b.require_grad())),
-        (None, Some(b)) => Some(Param::from_tensor(b)),
-        (_, None) => None,
-    };
 }

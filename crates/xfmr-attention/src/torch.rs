@@ -6,10 +6,10 @@
 //! value projections in one `in_proj_weight` `[3·d_model, d_model]` (rows `0..d`, `d..2d`,
 //! `2d..3d`) with one `in_proj_bias` `[3·d_model]`, and keeps `W^O` in `out_proj`.
 
+use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::mha::set_linear;
 use crate::{AttentionError, MultiHeadAttention};
 
 /// The tensors of a PyTorch `nn.MultiheadAttention` state dict, in PyTorch's layout.
@@ -149,4 +149,20 @@ impl<B: Backend> MultiHeadAttention<B> {
         )?;
         Ok(self)
     }
+}
+
+/// Replaces a [`Linear`]'s parameters, keeping their ids. The new tensors are marked as
+/// requiring gradients (`Param::initialized` inherits the flag from its tensor, and an imported
+/// tensor has none): imported weights stay trainable under autodiff.
+pub(crate) fn set_linear<B: Backend>(
+    linear: &mut Linear<B>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) {
+    linear.weight = Param::initialized(linear.weight.id, weight.require_grad());
+    linear.bias = match (linear.bias.take(), bias) {
+        (Some(old), Some(b)) => Some(Param::initialized(old.id, b.require_grad())),
+        (None, Some(b)) => Some(Param::from_tensor(b)),
+        (_, None) => None,
+    };
 }

@@ -2,6 +2,7 @@
 
 use thiserror::Error;
 use xfmr_attention::AttentionError;
+use xfmr_position::PositionError;
 
 /// What can be wrong with a block configuration or a weight import.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -10,6 +11,9 @@ pub enum BlockError {
     /// From the attention sublayers.
     #[error(transparent)]
     Attention(#[from] AttentionError),
+    /// From the position encodings.
+    #[error(transparent)]
+    Position(#[from] PositionError),
     /// A dimension that must be positive is zero.
     #[error("`{name}` must be positive, got 0")]
     ZeroDim {
@@ -31,6 +35,14 @@ pub enum BlockError {
     /// A state dict could not be read.
     #[error("cannot read state dict: {0}")]
     Read(String),
+    /// A state-dict tensor of an element type that cannot be read as floats.
+    #[error("tensor `{name}` has element type {dtype}, which cannot be read as floats (F64, F32, F16 and BF16 can)")]
+    UnsupportedDtype {
+        /// The tensor's name.
+        name: String,
+        /// Its element type, as safetensors names it.
+        dtype: String,
+    },
     /// A state dict does not match the module.
     #[error("state dict does not match the module: {}", .0.summary())]
     Import(ImportReport),

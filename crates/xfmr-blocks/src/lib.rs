@@ -7,21 +7,31 @@
 //!   projection.
 //! - [`FeedForward`]: the position-wise network (§3.3) with ReLU (paper), GELU or SwiGLU.
 //! - [`Norm`]: LayerNorm or RMSNorm; [`NormPosition`]: post-norm (paper) or pre-norm.
-//! - [`EncoderLayer`], [`DecoderLayer`] and their stacks [`Encoder`], [`Decoder`] (§3.1), with
-//!   residual dropout on each sublayer output before the add, padding, causal and memory masks,
-//!   and incremental decoding through [`DecoderCache`].
+//! - [`LayerConfig`]: the one layer configuration every stack and model shares (widths, heads
+//!   and grouped key/value heads, dropout, activation, norm kind and placement, projection
+//!   biases, [`PositionEncoding`]); [`StackConfig`] builds the stacks from it.
+//! - [`Encoder`] (bidirectional, [`EncoderLayer`]), [`Decoder`] (cross-attending,
+//!   [`DecoderLayer`]) and [`CausalDecoder`] (decoder-only: encoder layers under a look-ahead
+//!   mask), with residual dropout on each sublayer output before the add (§3.1). Inputs are
+//!   built with chained methods: [`SelfAttentionInput`], [`DecoderInput`].
+//! - Incremental decoding: [`Decoder::start`] projects the encoder memory once
+//!   ([`CrossAttentionMemory`]); [`Decoder::step`] and [`CausalDecoder::step`] take only the
+//!   new positions, through [`DecoderCache`] / [`CausalCache`].
+//! - [`Positions`] (sinusoidal or learned vectors added to embeddings) and
+//!   [`AttentionPositions`] (RoPE, ALiBi inside self-attention), both from one
+//!   [`PositionEncoding`].
 //! - [`StateDict`] and `load_torch` on the stacks: PyTorch `nn.Transformer` weights by name.
 //!
 //! Departures from the paper, all opt-in: pre-norm, RMSNorm, GELU/SwiGLU, grouped key/value
-//! heads, a final norm after a stack (PyTorch's `nn.Transformer` always has one), dropout inside
-//! the feed-forward network (PyTorch's; off by default).
-
+//! heads, RoPE/ALiBi, projections without bias, a final norm after a stack (PyTorch's
+//! `nn.Transformer` always has one), dropout inside the feed-forward network (PyTorch's; off
+//! by default).
 //!
 //! ```
 //! use burn::backend::NdArray;
 //! use burn::tensor::Tensor;
 //! use xfmr_attention::AttnMask;
-//! use xfmr_blocks::{DecoderCache, LayerConfig, NormPosition, StackConfig};
+//! use xfmr_blocks::{DecoderInput, LayerConfig, NormPosition, SelfAttentionInput, StackConfig};
 //!
 //! let device = Default::default();
 //! // The paper's layer at toy size: post-norm, ReLU, residual dropout 0.1.
@@ -34,34 +44,45 @@
 //!
 //! let src = Tensor::<NdArray, 3>::zeros([2, 7, 16], &device);
 //! let src_pad = AttnMask::padding_from_lengths(&[7, 4], 7, &device).unwrap();
-//! let memory = encoder.forward(src, Some(&src_pad));
+//! let memory = encoder.forward(SelfAttentionInput::new(src).mask(src_pad.clone()));
 //!
-//! // Teacher forcing over the whole target, or one position at a time through the caches.
+//! // Teacher forcing over the whole target ...
 //! let tgt = Tensor::<NdArray, 3>::zeros([2, 5, 16], &device);
-//! let full = decoder.forward(tgt.clone(), memory.clone(), None, Some(&src_pad));
-//! let mut cache = DecoderCache::new(2);
-//! let first = decoder.forward_cached(tgt.narrow(1, 0, 1), memory, &mut cache, None, Some(&src_pad));
+//! let full = decoder.forward(
+//!     DecoderInput::new(tgt.clone()).memory(&memory).memory_mask(src_pad.clone()),
+//! );
+//! // ... or one position at a time: the memory is projected once, by `start`.
+//! let mut cache = decoder.start(&memory, Some(src_pad));
+//! let first = decoder.step(DecoderInput::new(tgt.narrow(1, 0, 1)), &mut cache);
 //! assert_eq!(full.dims(), [2, 5, 16]);
-//! assert_eq!(first.dims(), [2, 1, 16]);
+//! assert_eq!(first.hidden.dims(), [2, 1, 16]);
 //! ```
 
 #![warn(missing_docs)]
 
+mod cache;
+mod causal;
+mod config;
+mod decoder;
 mod embedding;
+mod encoder;
 mod error;
 mod ffn;
-mod layer;
 mod norm;
+mod positions;
 mod torch;
 
 pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
 pub use error::{BlockError, ImportReport};
 pub use ffn::{exact_gelu, Activation, FeedForward, FeedForwardConfig};
-pub use layer::{
-    Decoder, DecoderCache, DecoderLayer, DecoderLayerCache, Encoder, EncoderLayer, LayerConfig,
-    SelfAttentionCache, StackConfig,
-};
+pub use cache::{CausalCache, CrossAttentionMemory, DecoderCache};
+pub use causal::CausalDecoder;
+pub use config::{LayerConfig, StackConfig};
+pub use decoder::{Decoder, DecoderInput, DecoderLayer, DecoderOutput};
+pub use encoder::{EncoderLayer, Encoder, SelfAttentionInput};
 pub use norm::{Norm, NormConfig, NormKind, NormPosition};
+pub use positions::{add_positions, AttentionPositions, PositionEncoding, Positions};
+pub use xfmr_position::RotaryLayout;
 pub use torch::{StateDict, StateDictImporter};
 
 pub(crate) fn check_dropout(prob: f64) -> Result<(), BlockError> {

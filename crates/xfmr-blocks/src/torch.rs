@@ -32,8 +32,8 @@ pub struct StateDict {
 }
 
 impl StateDict {
-    /// Reads a safetensors file (F32, F64 and F16/BF16 tensors are read as `f32`; others are
-    /// skipped).
+    /// Reads a safetensors file. F32, F64, F16 and BF16 tensors are read as `f32` (and converted
+    /// to the model's float type when imported); any other element type is an error.
     ///
     /// # Errors
     /// [`BlockError::Read`] naming the file and the problem.
@@ -49,7 +49,8 @@ impl StateDict {
     /// Parses safetensors bytes.
     ///
     /// # Errors
-    /// [`BlockError::Read`] if the bytes are not safetensors.
+    /// [`BlockError::Read`] if the bytes are not safetensors; [`BlockError::UnsupportedDtype`]
+    /// naming the first tensor of an integer, boolean or 8-bit float type.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, BlockError> {
         let st = SafeTensors::deserialize(bytes).map_err(|e| BlockError::Read(format!("{e:?}")))?;
         let mut tensors = BTreeMap::new();
@@ -68,7 +69,16 @@ impl StateDict {
                     .chunks_exact(2)
                     .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
                     .collect(),
-                _ => continue,
+                Dtype::F16 => data
+                    .chunks_exact(2)
+                    .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+                other => {
+                    return Err(BlockError::UnsupportedDtype {
+                        name,
+                        dtype: format!("{other:?}"),
+                    })
+                }
             };
             tensors.insert(name, (view.shape().to_vec(), values));
         }
@@ -104,6 +114,25 @@ impl StateDict {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
     }
+}
+
+/// IEEE 754 half precision to `f32`, exactly (every f16 value is an f32 value).
+pub(crate) fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits >> 15) << 31;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    let magnitude = match (exponent, mantissa) {
+        (0, 0) => 0,
+        // Subnormal: mantissa · 2^-24, exact in f32.
+        (0, m) => {
+            let value = m as f32 * 2f32.powi(-24);
+            return if sign == 0 { value } else { -value };
+        }
+        (0x1f, 0) => 0xff << 23,
+        (0x1f, m) => (0xff << 23) | (m << 13),
+        (e, m) => ((e + 127 - 15) << 23) | (m << 13),
+    };
+    f32::from_bits(sign | magnitude)
 }
 
 /// Takes tensors out of a [`StateDict`] by name into modules, recording every missing,

@@ -338,7 +338,7 @@ fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<
     let mut max_cache_diff = 0f32;
     let full = out.context;
     for t in 0..seq {
-        let step_mask = AttnMask::from_tensor(pad.tensor().clone().narrow(3, 0, t + 1));
+        let step_mask = pad.clone().narrow_keys(0, t + 1);
         let step = mha
             .forward_cached(
                 MhaInput::self_attn(x.clone().narrow(1, t, 1)).mask(step_mask),

@@ -6,55 +6,27 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    Activation, Encoder, LayerConfig, NormKind, NormPosition, SelfAttentionCache, StackConfig,
-    TokenEmbedding, TokenEmbeddingConfig,
+    add_positions, Activation, CausalCache, CausalDecoder, LayerConfig, NormPosition,
+    PositionEncoding, Positions, SelfAttentionInput, StackConfig, TokenEmbedding,
+    TokenEmbeddingConfig,
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{
-    check_ids, check_pad_id, check_positive, index_tensor, vocab_logits, ModelError, PositionKind,
-    Positions,
-};
+use crate::{check_ids, check_pad_id, check_positive, vocab_logits, ModelError};
 
-/// Configuration of [`DecoderOnly`]. Defaults follow GPT-2: pre-norm with a final norm, GELU,
-/// learned positions, output tied to the token embedding.
+/// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
+/// GELU, learned positions, output tied to the token embedding. Every layer option (norm kind
+/// and placement, activation, grouped heads, biases, positions: RoPE and ALiBi included) lives
+/// in the shared [`LayerConfig`].
 #[derive(Config, Debug)]
 pub struct DecoderOnlyConfig {
     /// Vocabulary size.
     pub vocab_size: usize,
-    /// Model width.
-    pub d_model: usize,
-    /// Attention heads.
-    pub n_heads: usize,
-    /// Feed-forward inner width.
-    pub d_ff: usize,
+    /// Every layer; its `dropout` also applies to the embedding sum.
+    pub layer: LayerConfig,
     /// Layers.
     pub n_layers: usize,
-    /// Key/value heads (grouped-query attention). Default: `None` (= `n_heads`).
-    #[config(default = "None")]
-    pub n_kv_heads: Option<usize>,
-    /// Dropout on the embedding sum and every sublayer output. Default: 0.1.
-    #[config(default = 0.1)]
-    pub dropout: f64,
-    /// Dropout on attention weights. Default: 0.
-    #[config(default = 0.0)]
-    pub attention_dropout: f64,
-    /// Feed-forward activation. Default: GELU.
-    #[config(default = "Activation::Gelu")]
-    pub activation: Activation,
-    /// Norm placement. Default: pre-norm (with a final norm after the stack).
-    #[config(default = "NormPosition::Pre")]
-    pub norm_position: NormPosition,
-    /// Norm kind. Default: LayerNorm.
-    #[config(default = "NormKind::LayerNorm")]
-    pub norm: NormKind,
-    /// Norm ε. Default: 1e-5.
-    #[config(default = 1e-5)]
-    pub norm_eps: f64,
-    /// Position vectors. Default: learned.
-    #[config(default = "PositionKind::Learned")]
-    pub positions: PositionKind,
-    /// Context length (rows of the position table). Default: 1024.
+    /// Context length (rows of a learned position table). Default: 1024.
     #[config(default = 1024)]
     pub max_len: usize,
     /// Scale token embeddings by √d_model (paper) or not (GPT-2). Default: false.
@@ -69,48 +41,54 @@ pub struct DecoderOnlyConfig {
 }
 
 impl DecoderOnlyConfig {
+    /// GPT-2's layer at the given widths: pre-norm, GELU, learned positions, dropout 0.1.
+    pub fn gpt_layer(d_model: usize, n_heads: usize, d_ff: usize) -> LayerConfig {
+        LayerConfig::new(d_model, n_heads, d_ff)
+            .with_activation(Activation::Gelu)
+            .with_norm_position(NormPosition::Pre)
+            .with_positions(PositionEncoding::Learned)
+    }
+
     /// The paper's base widths as a causal language model: d_model 512, 8 heads, d_ff 2048,
-    /// 6 layers.
+    /// 6 layers (GPT-2's layer).
     pub fn base(vocab_size: usize) -> Self {
-        Self::new(vocab_size, 512, 8, 2048, 6)
+        Self::new(vocab_size, Self::gpt_layer(512, 8, 2048), 6)
     }
 
     /// A toy model for tests and examples: d_model 64, 4 heads, d_ff 128, 2 layers.
     pub fn tiny(vocab_size: usize) -> Self {
-        Self::new(vocab_size, 64, 4, 128, 2)
+        Self::new(vocab_size, Self::gpt_layer(64, 4, 128), 2)
     }
 
-    /// The configuration shared by every layer.
-    pub fn layer(&self) -> LayerConfig {
-        LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
-            .with_n_kv_heads(self.n_kv_heads)
-            .with_dropout(self.dropout)
-            .with_attention_dropout(self.attention_dropout)
-            .with_activation(self.activation)
-            .with_norm_position(self.norm_position)
-            .with_norm(self.norm)
-            .with_norm_eps(self.norm_eps)
+    /// With the layer configuration changed by `f`.
+    pub fn map_layer(mut self, f: impl FnOnce(LayerConfig) -> LayerConfig) -> Self {
+        self.layer = f(self.layer);
+        self
     }
 
     /// Builds the model with fresh weights.
     ///
     /// # Errors
-    /// Zero sizes, a bad dropout, ε or head count, `pad_id` outside the vocabulary.
+    /// Zero sizes, a bad dropout, ε, head count or position setting, `pad_id` outside the
+    /// vocabulary.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<DecoderOnly<B>, ModelError> {
         check_positive("vocab_size", self.vocab_size)?;
         check_positive("max_len", self.max_len)?;
         check_pad_id(self.pad_id, self.vocab_size)?;
+        let layer = &self.layer;
         Ok(DecoderOnly {
-            embedding: TokenEmbeddingConfig::new(self.vocab_size, self.d_model)
+            embedding: TokenEmbeddingConfig::new(self.vocab_size, layer.d_model)
                 .with_scale(self.scale_embeddings)
                 .init(device)?,
-            positions: Positions::init(self.positions, self.max_len, self.d_model, device)?,
-            dropout: DropoutConfig::new(self.dropout).init(),
-            stack: StackConfig::new(self.layer(), self.n_layers)
-                .with_final_norm(self.norm_position == NormPosition::Pre)
-                .init_encoder(device)?,
+            positions: layer
+                .positions
+                .init_input(self.max_len, layer.d_model, device)?,
+            dropout: DropoutConfig::new(layer.dropout).init(),
+            stack: StackConfig::new(layer.clone(), self.n_layers)
+                .with_final_norm(layer.norm_position == NormPosition::Pre)
+                .init_causal(device)?,
             output: (!self.tie_output)
-                .then(|| LinearConfig::new(self.d_model, self.vocab_size).init(device)),
+                .then(|| LinearConfig::new(layer.d_model, self.vocab_size).init(device)),
             pad_id: self.pad_id,
         })
     }
@@ -122,12 +100,12 @@ impl DecoderOnlyConfig {
 pub struct DecoderOnly<B: Backend> {
     /// Token embedding (also the output projection when tied).
     pub embedding: TokenEmbedding<B>,
-    /// Position vectors.
-    pub positions: Positions<B>,
+    /// Position vectors added to the embeddings (none with RoPE, ALiBi or no positions).
+    pub positions: Option<Positions<B>>,
     /// Dropout on the embedding sum.
     pub dropout: Dropout,
-    /// The causal stack (encoder layers run with a causal mask).
-    pub stack: Encoder<B>,
+    /// The causal stack.
+    pub stack: CausalDecoder<B>,
     /// Output projection when not tied.
     pub output: Option<Linear<B>>,
     /// Padding id.
@@ -153,16 +131,17 @@ impl<B: Backend> DecoderOnly<B> {
     /// # Errors
     /// A sequence longer than a learned position table.
     pub fn forward(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
-        let seq = ids.dims()[1];
-        let x = self.embedding.forward(ids) + self.positions.range(seq, 0)?.unsqueeze::<3>();
-        let h = self.stack.forward_causal(self.dropout.forward(x), None);
+        let x = add_positions(self.positions.as_ref(), self.embedding.forward(ids), 0)?;
+        let h = self
+            .stack
+            .forward(SelfAttentionInput::new(self.dropout.forward(x)));
         Ok(self.project(h))
     }
 
     /// An empty decoding state for `batch` sequences.
     pub fn start(&self, batch: usize) -> LmState<B> {
         LmState {
-            cache: SelfAttentionCache::new(self.stack.layers.len()),
+            cache: self.stack.start(),
             ignored: vec![Vec::new(); batch],
             next_position: vec![0; batch],
         }
@@ -208,7 +187,7 @@ impl<B: Backend> DecoderOnly<B> {
 #[derive(Debug, Clone)]
 pub struct LmState<B: Backend> {
     /// Per-layer key/value caches.
-    pub cache: SelfAttentionCache<B>,
+    pub cache: CausalCache<B>,
     /// Per row, whether each position fed so far is padding (ignored as a key). Rows whose
     /// prompt was left-padded start with `true`s; the step consumes the entries not yet in the
     /// cache.
@@ -260,7 +239,10 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
             })
             .collect();
         let device = self.embedding.weight.device();
-        let x = self.embedding.forward(tokens) + self.positions.gather(&positions)?;
+        let mut x = self.embedding.forward(tokens);
+        if let Some(table) = &self.positions {
+            x = x + table.gather(&positions)?;
+        }
         let mask = state.ignored.iter().any(|r| r.iter().any(|&p| p)).then(|| {
             let flat: Vec<bool> = state.ignored.iter().flatten().copied().collect();
             AttnMask::from_key_padding(Tensor::<B, 2, Bool>::from_data(
@@ -268,9 +250,8 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
                 &device,
             ))
         });
-        let h = self
-            .stack
-            .forward_cached(self.dropout.forward(x), &mut state.cache, mask.as_ref());
+        let input = SelfAttentionInput::new(self.dropout.forward(x)).mask_opt(mask);
+        let h = self.stack.step(input, &mut state.cache);
         let logits = self
             .project(h.narrow(1, new - 1, 1))
             .reshape([batch, self.vocab_size()]);
@@ -281,9 +262,7 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
     }
 
     fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
-        state
-            .cache
-            .reorder(index_tensor(indices, &self.embedding.weight.device()));
+        state.cache.reorder(indices);
         state.ignored = indices.iter().map(|&i| state.ignored[i].clone()).collect();
         state.next_position = indices.iter().map(|&i| state.next_position[i]).collect();
     }

@@ -8,52 +8,34 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use serde::{Deserialize, Serialize};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    exact_gelu, Activation, Encoder, LayerConfig, Norm, NormConfig, NormPosition, StackConfig,
-    TokenEmbedding, TokenEmbeddingConfig,
+    add_positions, exact_gelu, Activation, Encoder, LayerConfig, Norm, NormConfig, NormPosition,
+    PositionEncoding, Positions, SelfAttentionInput, StackConfig, TokenEmbedding,
+    TokenEmbeddingConfig,
 };
 
-use crate::{check_pad_id, check_positive, ModelError, PositionKind, Positions};
+use crate::{check_pad_id, check_positive, ModelError};
 
-/// Configuration of [`EncoderOnly`]. Defaults are BERT's (Devlin et al., 2019): learned
+/// Configuration of [`EncoderOnly`]. The presets are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
-/// LayerNorm ε 1e-12, unscaled embeddings.
+/// LayerNorm ε 1e-12, attention dropout 0.1, unscaled embeddings. Every layer option (norm kind
+/// and placement, activation, grouped heads, biases, positions) lives in the shared
+/// [`LayerConfig`].
 #[derive(Config, Debug)]
 pub struct EncoderOnlyConfig {
     /// Vocabulary size.
     pub vocab_size: usize,
-    /// Model width.
-    pub d_model: usize,
-    /// Attention heads.
-    pub n_heads: usize,
-    /// Feed-forward inner width.
-    pub d_ff: usize,
+    /// Every layer; its `dropout` also applies to the embeddings, its `norm_eps` and `norm`
+    /// to the embedding norm and the MLM head's norm.
+    pub layer: LayerConfig,
     /// Layers.
     pub n_layers: usize,
-    /// Rows of the position table. Default: 512.
+    /// Rows of a learned position table. Default: 512.
     #[config(default = 512)]
     pub max_len: usize,
     /// Segment (token type) vocabulary; 0 for none. Default: 2.
     #[config(default = 2)]
     pub type_vocab_size: usize,
-    /// Position vectors. Default: learned.
-    #[config(default = "PositionKind::Learned")]
-    pub positions: PositionKind,
-    /// Dropout on the embeddings and every sublayer output. Default: 0.1.
-    #[config(default = 0.1)]
-    pub dropout: f64,
-    /// Dropout on attention weights. Default: 0.1 (BERT).
-    #[config(default = 0.1)]
-    pub attention_dropout: f64,
-    /// Feed-forward activation. Default: GELU.
-    #[config(default = "Activation::Gelu")]
-    pub activation: Activation,
-    /// Norm placement. Default: post-norm (BERT, the paper).
-    #[config(default = "NormPosition::Post")]
-    pub norm_position: NormPosition,
-    /// LayerNorm ε everywhere. Default: 1e-12 (BERT).
-    #[config(default = 1e-12)]
-    pub norm_eps: f64,
-    /// A LayerNorm on the embedding sum. Default: true (BERT).
+    /// A norm on the embedding sum. Default: true (BERT).
     #[config(default = true)]
     pub embedding_norm: bool,
     /// Scale token embeddings by √d_model (paper) or not (BERT). Default: false.
@@ -74,30 +56,36 @@ pub struct EncoderOnlyConfig {
 }
 
 impl EncoderOnlyConfig {
+    /// BERT's layer at the given widths: post-norm, GELU, LayerNorm ε 1e-12, learned positions,
+    /// dropout 0.1 on sublayers and attention weights.
+    pub fn bert_layer(d_model: usize, n_heads: usize, d_ff: usize) -> LayerConfig {
+        LayerConfig::new(d_model, n_heads, d_ff)
+            .with_attention_dropout(0.1)
+            .with_activation(Activation::Gelu)
+            .with_norm_eps(1e-12)
+            .with_positions(PositionEncoding::Learned)
+    }
+
     /// BERT-base widths: d_model 768, 12 heads, d_ff 3072, 12 layers.
     pub fn bert_base(vocab_size: usize) -> Self {
-        Self::new(vocab_size, 768, 12, 3072, 12)
+        Self::new(vocab_size, Self::bert_layer(768, 12, 3072), 12)
     }
 
     /// all-MiniLM-L6-v2 (sentence-transformers): vocab 30522, d_model 384, 12 heads,
     /// d_ff 1536, 6 layers, 512 positions, 2 segment types.
     pub fn minilm_l6() -> Self {
-        Self::new(30522, 384, 12, 1536, 6)
+        Self::new(30522, Self::bert_layer(384, 12, 1536), 6)
     }
 
     /// A toy model for tests: d_model 64, 4 heads, d_ff 128, 2 layers.
     pub fn tiny(vocab_size: usize) -> Self {
-        Self::new(vocab_size, 64, 4, 128, 2)
+        Self::new(vocab_size, Self::bert_layer(64, 4, 128), 2)
     }
 
-    /// The configuration shared by every layer.
-    pub fn layer(&self) -> LayerConfig {
-        LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
-            .with_dropout(self.dropout)
-            .with_attention_dropout(self.attention_dropout)
-            .with_activation(self.activation)
-            .with_norm_position(self.norm_position)
-            .with_norm_eps(self.norm_eps)
+    /// With the layer configuration changed by `f`.
+    pub fn map_layer(mut self, f: impl FnOnce(LayerConfig) -> LayerConfig) -> Self {
+        self.layer = f(self.layer);
+        self
     }
 
     /// Builds the model with fresh weights.
@@ -115,7 +103,11 @@ impl EncoderOnlyConfig {
                 expected: "at least 1 (or none)",
             });
         }
-        let norm = NormConfig::new(self.d_model).with_eps(self.norm_eps);
+        let layer = &self.layer;
+        let d_model = layer.d_model;
+        let norm = NormConfig::new(d_model)
+            .with_kind(layer.norm)
+            .with_eps(layer.norm_eps);
         let normal = Initializer::Normal {
             mean: 0.0,
             std: 0.02,
@@ -125,38 +117,38 @@ impl EncoderOnlyConfig {
                 .with_initializer(normal.clone())
                 .init(device)
         };
-        let pre = self.norm_position == NormPosition::Pre;
+        let pre = layer.norm_position == NormPosition::Pre;
         Ok(EncoderOnly {
-            token_embedding: TokenEmbeddingConfig::new(self.vocab_size, self.d_model)
+            token_embedding: TokenEmbeddingConfig::new(self.vocab_size, d_model)
                 .with_scale(self.scale_embeddings)
                 .with_initializer(Some(normal.clone()))
                 .init(device)?,
-            positions: Positions::init(self.positions, self.max_len, self.d_model, device)?,
+            positions: layer.positions.init_input(self.max_len, d_model, device)?,
             token_type_embedding: (self.type_vocab_size > 0)
                 .then(|| {
-                    TokenEmbeddingConfig::new(self.type_vocab_size, self.d_model)
+                    TokenEmbeddingConfig::new(self.type_vocab_size, d_model)
                         .with_scale(false)
                         .with_initializer(Some(normal.clone()))
                         .init(device)
                 })
                 .transpose()?,
             embedding_norm: self.embedding_norm.then(|| norm.init(device)).transpose()?,
-            dropout: DropoutConfig::new(self.dropout).init(),
-            encoder: StackConfig::new(self.layer(), self.n_layers)
+            dropout: DropoutConfig::new(layer.dropout).init(),
+            encoder: StackConfig::new(layer.clone(), self.n_layers)
                 .with_final_norm(pre)
                 .init_encoder(device)?,
-            pooler: self.pooler.then(|| linear(self.d_model, self.d_model)),
+            pooler: self.pooler.then(|| linear(d_model, d_model)),
             mlm_head: self
                 .mlm_head
                 .then(|| -> Result<MlmHead<B>, ModelError> {
                     Ok(MlmHead {
-                        dense: linear(self.d_model, self.d_model),
+                        dense: linear(d_model, d_model),
                         norm: norm.init(device)?,
                         bias: Initializer::Zeros.init([self.vocab_size], device),
                     })
                 })
                 .transpose()?,
-            classifier: self.n_classes.map(|n| linear(self.d_model, n)),
+            classifier: self.n_classes.map(|n| linear(d_model, n)),
             pad_id: self.pad_id,
         })
     }
@@ -188,8 +180,8 @@ pub enum Pooling {
 pub struct EncoderOnly<B: Backend> {
     /// Word embeddings.
     pub token_embedding: TokenEmbedding<B>,
-    /// Position vectors.
-    pub positions: Positions<B>,
+    /// Position vectors added to the embeddings (none with RoPE, ALiBi or no positions).
+    pub positions: Option<Positions<B>>,
     /// Segment embeddings.
     pub token_type_embedding: Option<TokenEmbedding<B>>,
     /// LayerNorm of the embedding sum.
@@ -222,9 +214,11 @@ impl<B: Backend> EncoderOnly<B> {
         ids: Tensor<B, 2, Int>,
         token_types: Option<Tensor<B, 2, Int>>,
     ) -> Result<Tensor<B, 3>, ModelError> {
-        let seq = ids.dims()[1];
-        let mut x = self.token_embedding.forward(ids.clone())
-            + self.positions.range(seq, 0)?.unsqueeze::<3>();
+        let mut x = add_positions(
+            self.positions.as_ref(),
+            self.token_embedding.forward(ids.clone()),
+            0,
+        )?;
         if let Some(table) = &self.token_type_embedding {
             // BERT's default: every token in segment 0.
             let types = token_types.unwrap_or_else(|| ids.zeros_like());
@@ -253,7 +247,9 @@ impl<B: Backend> EncoderOnly<B> {
         mask: Option<&AttnMask<B>>,
     ) -> Result<Tensor<B, 3>, ModelError> {
         let x = self.embed(ids, token_types)?;
-        Ok(self.encoder.forward(x, mask))
+        Ok(self
+            .encoder
+            .forward(SelfAttentionInput::new(x).mask_opt(mask.cloned())))
     }
 
     /// The mask of `pad_id` positions.

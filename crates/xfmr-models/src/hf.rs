@@ -25,7 +25,7 @@ use std::path::Path;
 
 use burn::tensor::backend::Backend;
 use serde::Deserialize;
-use xfmr_blocks::{Activation, BlockError, StateDict, StateDictImporter};
+use xfmr_blocks::{BlockError, Positions, StateDict, StateDictImporter};
 
 use crate::{EncoderOnly, EncoderOnlyConfig, ModelError};
 
@@ -91,18 +91,18 @@ impl HfBertConfig {
                 expected: "\"gelu\" (exact GELU)",
             });
         }
-        Ok(EncoderOnlyConfig::new(
-            self.vocab_size,
+        let layer = EncoderOnlyConfig::bert_layer(
             self.hidden_size,
             self.num_attention_heads,
             self.intermediate_size,
-            self.num_hidden_layers,
         )
-        .with_max_len(self.max_position_embeddings)
-        .with_type_vocab_size(self.type_vocab_size)
-        .with_norm_eps(self.layer_norm_eps)
-        .with_activation(Activation::Gelu)
-        .with_pad_id(self.pad_token_id))
+        .with_norm_eps(self.layer_norm_eps);
+        Ok(
+            EncoderOnlyConfig::new(self.vocab_size, layer, self.num_hidden_layers)
+                .with_max_len(self.max_position_embeddings)
+                .with_type_vocab_size(self.type_vocab_size)
+                .with_pad_id(self.pad_token_id),
+        )
     }
 }
 
@@ -134,12 +134,12 @@ pub fn load_bert<B: Backend>(
         &mut model.token_embedding.weight,
         &format!("{p}embeddings.word_embeddings.weight"),
     );
-    match model.positions.learned.as_mut() {
-        Some(learned) => imp.param(
+    match model.positions.as_mut() {
+        Some(Positions::Learned(learned)) => imp.param(
             &mut learned.table,
             &format!("{p}embeddings.position_embeddings.weight"),
         ),
-        None => imp.report_other("BERT needs learned positions (PositionKind::Learned)".into()),
+        _ => imp.report_other("BERT needs learned positions (PositionEncoding::Learned)".into()),
     }
     if let Some(types) = model.token_type_embedding.as_mut() {
         imp.param(

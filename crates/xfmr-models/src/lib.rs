@@ -36,7 +36,6 @@ mod error;
 pub mod generate;
 pub mod hf;
 mod loss;
-mod positions;
 mod transformer;
 
 pub use decoder_only::{DecoderOnly, DecoderOnlyConfig, LmState};
@@ -47,7 +46,6 @@ pub use generate::{
     Strategy,
 };
 pub use loss::{cross_entropy, shift_right};
-pub use positions::{PositionKind, Positions};
 pub use transformer::{Memory, Seq2SeqState, Transformer, TransformerConfig};
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
@@ -59,15 +57,6 @@ pub(crate) fn int_tensor<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Tensor<B, D, Int> {
     Tensor::from_data(TensorData::new(values, shape), device)
-}
-
-/// An index tensor `[indices.len()]` (beam reordering).
-pub(crate) fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
-    int_tensor::<B, 1>(
-        indices.iter().map(|&i| i as i64).collect(),
-        [indices.len()],
-        device,
-    )
 }
 
 /// Vocabulary logits of `h` `[batch, seq, d_model]`: through `output` when the model has an

@@ -6,50 +6,31 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    Activation, Decoder, DecoderCache, Encoder, LayerConfig, NormPosition, StackConfig,
-    TokenEmbedding, TokenEmbeddingConfig,
+    add_positions, Decoder, DecoderCache, DecoderInput, Encoder, LayerConfig, NormPosition,
+    Positions, SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{
-    check_ids, check_pad_id, check_positive, index_tensor, int_tensor, vocab_logits, ModelError,
-    PositionKind, Positions,
-};
+use crate::{check_ids, check_pad_id, check_positive, int_tensor, vocab_logits, ModelError};
 
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
 /// [`base`](Self::base) and [`big`](Self::big) are its two models (Table 3), and
-/// [`small`](Self::small) / [`tiny`](Self::tiny) fit a CPU.
+/// [`small`](Self::small) / [`tiny`](Self::tiny) fit a CPU. Every layer option (norm kind and
+/// placement, activation, grouped heads, biases, positions) lives in the shared
+/// [`LayerConfig`].
 #[derive(Config, Debug)]
 pub struct TransformerConfig {
     /// Source vocabulary size.
     pub src_vocab_size: usize,
     /// Target vocabulary size.
     pub tgt_vocab_size: usize,
-    /// Model width (paper: 512).
-    pub d_model: usize,
-    /// Attention heads (paper: 8).
-    pub n_heads: usize,
-    /// Feed-forward inner width (paper: 2048).
-    pub d_ff: usize,
+    /// Every encoder and decoder layer; its `dropout` also applies to the embedding sums
+    /// (paper: 0.1), its `positions` to both sides (paper: sinusoidal).
+    pub layer: LayerConfig,
     /// Encoder layers (paper: 6).
     pub n_encoder_layers: usize,
     /// Decoder layers (paper: 6).
     pub n_decoder_layers: usize,
-    /// Dropout on the embedding sums and on every sublayer output (paper: 0.1).
-    #[config(default = 0.1)]
-    pub dropout: f64,
-    /// Dropout on attention weights. Default: 0 (the paper names none).
-    #[config(default = 0.0)]
-    pub attention_dropout: f64,
-    /// Feed-forward activation. Default: ReLU (paper).
-    #[config(default = "Activation::Relu")]
-    pub activation: Activation,
-    /// Norm placement. Default: post-norm (paper). Pre-norm stacks get a final norm.
-    #[config(default = "NormPosition::Post")]
-    pub norm_position: NormPosition,
-    /// LayerNorm ε. Default: 1e-5.
-    #[config(default = 1e-5)]
-    pub norm_eps: f64,
     /// One embedding table for source, target and output (paper §3.4, a shared BPE vocabulary).
     /// Needs `src_vocab_size == tgt_vocab_size`. Default: true.
     #[config(default = true)]
@@ -57,9 +38,6 @@ pub struct TransformerConfig {
     /// The output projection is the (transposed) target embedding (paper §3.4). Default: true.
     #[config(default = true)]
     pub tie_output: bool,
-    /// Position vectors. Default: sinusoidal (paper).
-    #[config(default = "PositionKind::Sinusoidal")]
-    pub positions: PositionKind,
     /// Rows of the position table (a hard limit for learned positions only). Default: 1024.
     #[config(default = 1024)]
     pub max_len: usize,
@@ -73,39 +51,37 @@ impl TransformerConfig {
     /// one shared vocabulary (37,000 BPE tokens in the paper's English-German runs: ≈ 63M
     /// parameters with it; the paper reports 65M).
     pub fn base(vocab_size: usize) -> Self {
-        Self::new(vocab_size, vocab_size, 512, 8, 2048, 6, 6)
+        Self::new(vocab_size, vocab_size, LayerConfig::new(512, 8, 2048), 6, 6)
     }
 
     /// The paper's big model: d_model 1024, 16 heads, d_ff 4096, dropout 0.3.
     pub fn big(vocab_size: usize) -> Self {
-        Self::new(vocab_size, vocab_size, 1024, 16, 4096, 6, 6).with_dropout(0.3)
+        let layer = LayerConfig::new(1024, 16, 4096).with_dropout(0.3);
+        Self::new(vocab_size, vocab_size, layer, 6, 6)
     }
 
     /// A CPU-sized model: d_model 256, 4 heads, d_ff 1024, 3 + 3 layers.
     pub fn small(vocab_size: usize) -> Self {
-        Self::new(vocab_size, vocab_size, 256, 4, 1024, 3, 3)
+        Self::new(vocab_size, vocab_size, LayerConfig::new(256, 4, 1024), 3, 3)
     }
 
     /// A toy model for tests and examples: d_model 64, 4 heads, d_ff 128, 2 + 2 layers.
     pub fn tiny(vocab_size: usize) -> Self {
-        Self::new(vocab_size, vocab_size, 64, 4, 128, 2, 2)
+        Self::new(vocab_size, vocab_size, LayerConfig::new(64, 4, 128), 2, 2)
     }
 
-    /// The configuration shared by every layer.
-    pub fn layer(&self) -> LayerConfig {
-        LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
-            .with_dropout(self.dropout)
-            .with_attention_dropout(self.attention_dropout)
-            .with_activation(self.activation)
-            .with_norm_position(self.norm_position)
-            .with_norm_eps(self.norm_eps)
+    /// With the layer configuration changed by `f`:
+    /// `TransformerConfig::tiny(32).map_layer(|l| l.with_dropout(0.0))`.
+    pub fn map_layer(mut self, f: impl FnOnce(LayerConfig) -> LayerConfig) -> Self {
+        self.layer = f(self.layer);
+        self
     }
 
     /// Builds the model with fresh weights.
     ///
     /// # Errors
-    /// Zero sizes, `share_embeddings` with different vocabularies, a bad dropout, ε or head
-    /// count, each named with its value.
+    /// Zero sizes, `share_embeddings` with different vocabularies, a bad dropout, ε, head
+    /// count or position setting, each named with its value.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
         check_positive("src_vocab_size", self.src_vocab_size)?;
         check_positive("tgt_vocab_size", self.tgt_vocab_size)?;
@@ -121,22 +97,23 @@ impl TransformerConfig {
             });
         }
         check_pad_id(self.pad_id, self.src_vocab_size.min(self.tgt_vocab_size))?;
-        let layer = self.layer();
-        let pre = self.norm_position == NormPosition::Pre;
-        let embedding = |vocab| TokenEmbeddingConfig::new(vocab, self.d_model).init(device);
+        let layer = &self.layer;
+        let d_model = layer.d_model;
+        let pre = layer.norm_position == NormPosition::Pre;
+        let embedding = |vocab| TokenEmbeddingConfig::new(vocab, d_model).init(device);
         Ok(Transformer {
             src_embedding: embedding(self.src_vocab_size)?,
             tgt_embedding: (!self.share_embeddings)
                 .then(|| embedding(self.tgt_vocab_size))
                 .transpose()?,
             output: (!self.tie_output)
-                .then(|| LinearConfig::new(self.d_model, self.tgt_vocab_size).init(device)),
-            positions: Positions::init(self.positions, self.max_len, self.d_model, device)?,
-            dropout: DropoutConfig::new(self.dropout).init(),
+                .then(|| LinearConfig::new(d_model, self.tgt_vocab_size).init(device)),
+            positions: layer.positions.init_input(self.max_len, d_model, device)?,
+            dropout: DropoutConfig::new(layer.dropout).init(),
             encoder: StackConfig::new(layer.clone(), self.n_encoder_layers)
                 .with_final_norm(pre)
                 .init_encoder(device)?,
-            decoder: StackConfig::new(layer, self.n_decoder_layers)
+            decoder: StackConfig::new(layer.clone(), self.n_decoder_layers)
                 .with_final_norm(pre)
                 .init_decoder(device)?,
             pad_id: self.pad_id,
@@ -157,8 +134,8 @@ pub struct Transformer<B: Backend> {
     pub tgt_embedding: Option<TokenEmbedding<B>>,
     /// Output projection, when not tied to the target embedding.
     pub output: Option<Linear<B>>,
-    /// Position vectors added to both embeddings.
-    pub positions: Positions<B>,
+    /// Position vectors added to both embeddings (none with RoPE, ALiBi or no positions).
+    pub positions: Option<Positions<B>>,
     /// Dropout on the embedding sums.
     pub dropout: Dropout,
     /// The encoder stack.
@@ -189,11 +166,8 @@ impl<B: Backend> Transformer<B> {
         ids: Tensor<B, 2, Int>,
         offset: usize,
     ) -> Result<Tensor<B, 3>, ModelError> {
-        let seq = ids.dims()[1];
-        let positions = self.positions.range(seq, offset)?;
-        Ok(self
-            .dropout
-            .forward(table.forward(ids) + positions.unsqueeze::<3>()))
+        let x = add_positions(self.positions.as_ref(), table.forward(ids), offset)?;
+        Ok(self.dropout.forward(x))
     }
 
     /// Target vocabulary size.
@@ -216,7 +190,9 @@ impl<B: Backend> Transformer<B> {
         let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
         let x = self.embed(&self.src_embedding, src, 0)?;
         Ok(Memory {
-            states: self.encoder.forward(x, Some(&mask)),
+            states: self
+                .encoder
+                .forward(SelfAttentionInput::new(x).mask(mask.clone())),
             mask,
         })
     }
@@ -237,9 +213,11 @@ impl<B: Backend> Transformer<B> {
         memory: &Memory<B>,
     ) -> Result<Tensor<B, 3>, ModelError> {
         let x = self.embed(self.tgt_table(), tgt_in, 0)?;
-        let h = self
-            .decoder
-            .forward(x, memory.states.clone(), None, Some(&memory.mask));
+        let h = self.decoder.forward(
+            DecoderInput::new(x)
+                .memory(&memory.states)
+                .memory_mask(memory.mask.clone()),
+        );
         Ok(self.project(h))
     }
 
@@ -264,11 +242,13 @@ impl<B: Backend> Transformer<B> {
         vocab_logits(self.output.as_ref(), self.tgt_table(), h)
     }
 
-    /// Starts incremental decoding over `memory` (see [`IncrementalDecoder`]).
-    pub fn start(&self, memory: Memory<B>) -> Seq2SeqState<B> {
+    /// Starts incremental decoding over `memory` (see [`IncrementalDecoder`]): every decoder
+    /// layer projects the memory into its cross-attention keys/values once, here.
+    pub fn start(&self, memory: &Memory<B>) -> Seq2SeqState<B> {
         Seq2SeqState {
-            memory,
-            cache: DecoderCache::new(self.decoder.layers.len()),
+            cache: self
+                .decoder
+                .start(&memory.states, Some(memory.mask.clone())),
         }
     }
 
@@ -298,18 +278,17 @@ impl<B: Backend> Transformer<B> {
             })
             .collect();
         let src = int_tensor::<B, 2>(flat, [sources.len(), len], &device);
-        let state = self.start(self.encode(src)?);
+        let state = self.start(&self.encode(src)?);
         let first = vec![vec![bos_id]; sources.len()];
         generate::generate(self, state, first, options)
     }
 }
 
-/// The decoding state of a [`Transformer`]: the memory and the decoder's caches.
+/// The decoding state of a [`Transformer`]: the decoder's caches, the projected memory
+/// among them.
 #[derive(Debug, Clone)]
 pub struct Seq2SeqState<B: Backend> {
-    /// Encoded source.
-    pub memory: Memory<B>,
-    /// Per-layer key/value caches.
+    /// Per-layer self-attention caches and the projected memory.
     pub cache: DecoderCache<B>,
 }
 
@@ -332,14 +311,12 @@ impl<B: Backend> IncrementalDecoder<B> for Transformer<B> {
     ) -> Result<Step<B>, ModelError> {
         let [batch, new] = tokens.dims();
         let x = self.embed(self.tgt_table(), tokens, state.cache.len())?;
-        let (h, weights) = self.decoder.forward_cached_weights(
-            x,
-            state.memory.states.clone(),
-            &mut state.cache,
-            None,
-            Some(&state.memory.mask),
-            need_attention,
-        );
+        let mut input = DecoderInput::new(x);
+        if need_attention {
+            input = input.need_weights();
+        }
+        let out = self.decoder.step(input, &mut state.cache);
+        let (h, weights) = (out.hidden, out.cross_weights);
         let last = h.narrow(1, new - 1, 1);
         let logits = self.project(last).reshape([batch, self.tgt_vocab_size()]);
         let attention = weights.map(|w| {
@@ -351,10 +328,6 @@ impl<B: Backend> IncrementalDecoder<B> for Transformer<B> {
     }
 
     fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
-        let idx = index_tensor(indices, &state.memory.states.device());
-        state.cache.reorder(idx.clone());
-        state.memory.states = state.memory.states.clone().select(0, idx.clone());
-        state.memory.mask =
-            AttnMask::from_tensor(state.memory.mask.tensor().clone().select(0, idx));
+        state.cache.reorder(indices);
     }
 }

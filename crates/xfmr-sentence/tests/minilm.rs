@@ -50,7 +50,7 @@ fn check<B: Backend>(atol: f64, what: &str) {
     let sentences = sentences(&fixture);
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let ids = encoder.tokenize(&refs).unwrap();
-    let d_model = encoder.config.d_model;
+    let d_model = encoder.config.layer.d_model;
 
     // Each sentence alone.
     for (k, row) in ids.iter().enumerate() {

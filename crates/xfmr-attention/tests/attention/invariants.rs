@@ -95,7 +95,7 @@ fn cached_decoding_with_padding_mask_equals_full_pass() {
     let mut cache = KvCache::new();
     let steps: Vec<_> = (0..5)
         .map(|t| {
-            let step_mask = AttnMask::from_tensor(pad.tensor().clone().narrow(3, 0, t + 1));
+            let step_mask = pad.clone().narrow_keys(0, t + 1);
             mha.forward_cached(
                 MhaInput::self_attn(x.clone().narrow(1, t, 1)).mask(step_mask),
                 &mut cache,
@@ -162,14 +162,31 @@ fn cache_reorder_and_truncate() {
         )
         .context;
     let expected = mha
-        .forward(MhaInput::self_attn(x_reordered).causal())
+        .forward(MhaInput::self_attn(x_reordered.clone()).causal())
         .context
         .narrow(1, 3, 1);
     assert!(max_abs_diff(&last, &expected) <= 1e-5);
 
+    // Truncate to the first 2 positions, then decode positions 2 and 3 again: the cache and
+    // the outputs must equal the original decoding's.
+    let keys_before = cache.keys().unwrap().clone();
     cache.truncate(2).unwrap();
     assert_eq!(cache.len(), 2);
-    assert!(cache.truncate(3).is_err());
+    assert!(max_abs_diff(cache.keys().unwrap(), &keys_before.clone().narrow(2, 0, 2)) == 0.0);
+    let redecoded = mha
+        .forward_cached(
+            MhaInput::self_attn(x_reordered.clone().narrow(1, 2, 2)),
+            &mut cache,
+        )
+        .context;
+    let full = mha
+        .forward(MhaInput::self_attn(x_reordered).causal())
+        .context;
+    assert!(max_abs_diff(&redecoded, &full.narrow(1, 2, 2)) <= 1e-5);
+    assert_eq!(cache.len(), 4);
+    assert!(max_abs_diff(cache.keys().unwrap(), &keys_before) <= 1e-6);
+    assert!(cache.truncate(5).is_err());
+    assert_eq!(cache.len(), 4, "a refused truncate leaves the cache as it was");
 }
 
 /// Padded keys never change the outputs at real positions: a padded batch equals each sequence

@@ -4,8 +4,9 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    Activation, BlockError, DecoderCache, FeedForwardConfig, LayerConfig, NormConfig, NormKind,
-    NormPosition, SelfAttentionCache, StackConfig, StateDict, TokenEmbeddingConfig,
+    Activation, BlockError, DecoderInput, FeedForwardConfig, LayerConfig, NormConfig, NormKind,
+    NormPosition, PositionEncoding, RotaryLayout, SelfAttentionInput, StackConfig, StateDict,
+    TokenEmbeddingConfig,
 };
 use xfmr_testing::{max_abs_diff, TestRng};
 
@@ -32,23 +33,17 @@ fn incremental_decoding_equals_full_pass() {
         let memory_mask = AttnMask::padding_from_lengths(&[5, 3], src, &device).unwrap();
         let tgt_mask = AttnMask::padding_from_lengths(&[6, 4], seq, &device).unwrap();
         let full = decoder.forward(
-            tgt.clone(),
-            memory.clone(),
-            Some(&tgt_mask),
-            Some(&memory_mask),
+            DecoderInput::new(tgt.clone())
+                .memory(&memory)
+                .self_mask(tgt_mask.clone())
+                .memory_mask(memory_mask.clone()),
         );
-        let mut cache = DecoderCache::new(2);
+        let mut cache = decoder.start(&memory, Some(memory_mask));
         let steps: Vec<_> = (0..seq)
             .map(|t| {
-                let step_mask =
-                    AttnMask::from_tensor(tgt_mask.tensor().clone().narrow(3, 0, t + 1));
-                decoder.forward_cached(
-                    tgt.clone().narrow(1, t, 1),
-                    memory.clone(),
-                    &mut cache,
-                    Some(&step_mask),
-                    Some(&memory_mask),
-                )
+                let step = DecoderInput::new(tgt.clone().narrow(1, t, 1))
+                    .self_mask(tgt_mask.clone().narrow_keys(0, t + 1));
+                decoder.step(step, &mut cache).hidden
             })
             .collect();
         assert_eq!(cache.len(), seq);
@@ -71,38 +66,41 @@ fn causal_stack_cached_equals_full_and_cross_weights() {
             .with_norm_position(position);
         let stack = StackConfig::new(layer.clone(), 3)
             .with_final_norm(true)
-            .init_encoder::<Cpu>(&device)
+            .init_causal::<Cpu>(&device)
             .unwrap();
         let x = rng.tensor::<Cpu, 3>([2, 7, 16], 1.0, &device);
-        let full = stack.forward_causal(x.clone(), None);
-        let mut cache = SelfAttentionCache::new(3);
+        let full = stack.forward(SelfAttentionInput::new(x.clone()));
+        let mut cache = stack.start();
         let chunks: Vec<_> = [(0, 3), (3, 1), (4, 3)]
             .into_iter()
             .map(|(start, len)| {
-                stack.forward_cached(x.clone().narrow(1, start, len), &mut cache, None)
+                stack.step(
+                    SelfAttentionInput::new(x.clone().narrow(1, start, len)),
+                    &mut cache,
+                )
             })
             .collect();
         assert_eq!(cache.len(), 7);
         let diff = max_abs_diff(&full, &Tensor::cat(chunks, 1));
         assert!(diff <= 1e-5, "{position:?}: max |diff| {diff}");
-        // Not the bidirectional pass.
-        assert!(max_abs_diff(&full, &stack.forward(x, None)) > 1e-3);
+        // Not the bidirectional pass of the same layers.
+        let bidirectional = xfmr_blocks::Encoder {
+            layers: stack.layers.clone(),
+            norm: stack.norm.clone(),
+        };
+        assert!(max_abs_diff(&full, &bidirectional.forward(SelfAttentionInput::new(x))) > 1e-3);
 
         let decoder = StackConfig::new(layer, 2)
             .init_decoder::<Cpu>(&device)
             .unwrap();
         let memory = rng.tensor::<Cpu, 3>([2, 5, 16], 1.0, &device);
         let mask = AttnMask::padding_from_lengths(&[5, 2], 5, &device).unwrap();
-        let mut cache = DecoderCache::new(2);
-        let (_, weights) = decoder.forward_cached_weights(
-            rng.tensor::<Cpu, 3>([2, 1, 16], 1.0, &device),
-            memory,
+        let mut cache = decoder.start(&memory, Some(mask));
+        let out = decoder.step(
+            DecoderInput::new(rng.tensor::<Cpu, 3>([2, 1, 16], 1.0, &device)).need_weights(),
             &mut cache,
-            None,
-            Some(&mask),
-            true,
         );
-        let weights = weights.expect("weights requested");
+        let weights = out.cross_weights.expect("weights requested");
         assert_eq!(weights.dims(), [2, 4, 1, 5]);
         let w = xfmr_testing::to_vec(&weights);
         // Row 1 has two real source positions: the rest get exactly zero.
@@ -283,5 +281,153 @@ fn embedding_scale_and_tied_logits() {
             .reshape([1, rows, 5]);
         let diff = max_abs_diff(&emb.logits(x), &expected);
         assert!(diff < 1e-5, "{rows} rows: {diff}");
+    }
+}
+
+/// RoPE (both pair layouts) and ALiBi inside the stacks: the causal stack fed in chunks and the
+/// decoder fed one position at a time equal their full passes (≤ 1e-5), with grouped heads,
+/// RMSNorm and SwiGLU; and the scheme really acts (outputs differ from no positions).
+#[test]
+fn rotary_and_alibi_cached_equal_full() {
+    let device = Default::default();
+    let mut rng = TestRng::new(5);
+    let schemes = [
+        PositionEncoding::rotary(),
+        PositionEncoding::Rotary {
+            theta: 500.0,
+            layout: RotaryLayout::Interleaved,
+        },
+        PositionEncoding::Alibi,
+    ];
+    let x = rng.tensor::<Cpu, 3>([2, 6, 16], 1.0, &device);
+    let memory = rng.tensor::<Cpu, 3>([2, 4, 16], 1.0, &device);
+    for positions in schemes {
+        let layer = LayerConfig::new(16, 4, 32)
+            .with_n_kv_heads(Some(2))
+            .with_dropout(0.0)
+            .with_norm(NormKind::RmsNorm)
+            .with_norm_position(NormPosition::Pre)
+            .with_activation(Activation::SwiGlu)
+            .with_bias(false)
+            .with_positions(positions.clone());
+        let stack = StackConfig::new(layer.clone(), 2)
+            .with_final_norm(true)
+            .init_causal::<Cpu>(&device)
+            .unwrap();
+        let full = stack.forward(SelfAttentionInput::new(x.clone()));
+        let mut cache = stack.start();
+        let chunks: Vec<_> = [(0, 2), (2, 1), (3, 3)]
+            .into_iter()
+            .map(|(s, l)| stack.step(SelfAttentionInput::new(x.clone().narrow(1, s, l)), &mut cache))
+            .collect();
+        let diff = max_abs_diff(&full, &Tensor::cat(chunks, 1));
+        assert!(diff <= 1e-5, "{positions:?} causal stack: max |diff| {diff}");
+        let mut plain = stack.clone();
+        for l in &mut plain.layers {
+            l.positions = None;
+        }
+        let without = plain.forward(SelfAttentionInput::new(x.clone()));
+        assert!(
+            max_abs_diff(&full, &without) > 1e-3,
+            "{positions:?} changes nothing"
+        );
+
+        let decoder = StackConfig::new(layer, 2)
+            .with_final_norm(true)
+            .init_decoder::<Cpu>(&device)
+            .unwrap();
+        let full = decoder.forward(DecoderInput::new(x.clone()).memory(&memory));
+        let mut cache = decoder.start(&memory, None);
+        let steps: Vec<_> = (0..6)
+            .map(|t| decoder.step(DecoderInput::new(x.clone().narrow(1, t, 1)), &mut cache).hidden)
+            .collect();
+        let diff = max_abs_diff(&full, &Tensor::cat(steps, 1));
+        assert!(diff <= 1e-5, "{positions:?} decoder: max |diff| {diff}");
+    }
+}
+
+/// Reordering a decoder cache (beam search) equals decoding the reordered batch from scratch;
+/// the projected memory moves only when a row changes source sentence.
+#[test]
+fn decoder_cache_reorder_follows_sources() {
+    let device = Default::default();
+    let mut rng = TestRng::new(6);
+    let layer = LayerConfig::new(16, 4, 32).with_dropout(0.0);
+    let decoder = StackConfig::new(layer, 2).init_decoder::<Cpu>(&device).unwrap();
+    let memory = rng.tensor::<Cpu, 3>([2, 5, 16], 1.0, &device);
+    let mask = AttnMask::padding_from_lengths(&[5, 3], 5, &device).unwrap();
+    let x = rng.tensor::<Cpu, 3>([4, 3, 16], 1.0, &device);
+
+    let mut cache = decoder.start(&memory, Some(mask.clone()));
+    // Expand to two hypotheses per source: rows 0, 1 read source 0; rows 2, 3 source 1.
+    cache.reorder(&[0, 0, 1, 1]);
+    assert_eq!(cache.memory.sources(), &[0, 0, 1, 1]);
+    let keys_before = cache.memory.layers[0].keys().unwrap().clone();
+    decoder.step(DecoderInput::new(x.clone().narrow(1, 0, 2)), &mut cache);
+    // A beam reorder inside each source's group: the memory is not gathered again.
+    let order = [1usize, 1, 3, 2];
+    cache.reorder(&order);
+    assert_eq!(cache.memory.sources(), &[0, 0, 1, 1]);
+    assert!(max_abs_diff(cache.memory.layers[0].keys().unwrap(), &keys_before) == 0.0);
+    let last = decoder
+        .step(DecoderInput::new(x.clone().narrow(1, 2, 1)), &mut cache)
+        .hidden;
+
+    // The same rows decoded from scratch over the matching memory rows.
+    let idx = |v: &[i64]| Tensor::<Cpu, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+    let rows = idx(&[1, 1, 3, 2]);
+    let x_rows = x.select(0, rows);
+    let mem_rows = memory.select(0, idx(&[0, 0, 1, 1]));
+    let mask_rows = mask.select_batch(idx(&[0, 0, 1, 1]));
+    let expected = decoder
+        .forward(DecoderInput::new(x_rows).memory(&mem_rows).memory_mask(mask_rows))
+        .narrow(1, 2, 1);
+    assert!(max_abs_diff(&last, &expected) <= 1e-5);
+
+    // Moving a row to another source gathers the memory (and its mask) too.
+    cache.reorder(&[2, 0, 3, 1]);
+    assert_eq!(cache.memory.sources(), &[1, 0, 1, 0]);
+    assert_eq!(cache.memory.mask.as_ref().unwrap().dims()[0], 4);
+}
+
+/// F16 and BF16 tensors are read exactly as f32; an integer tensor is a typed error naming it.
+#[test]
+fn state_dict_reads_half_floats_and_rejects_integers() {
+    use safetensors::tensor::{serialize, TensorView};
+    use safetensors::Dtype;
+    // 1.0, -2.5, 65504 (largest f16), 2^-24 (smallest subnormal), -0.0, 0.333251953125
+    let halves: [u16; 6] = [0x3c00, 0xc100, 0x7bff, 0x0001, 0x8000, 0x3555];
+    let expected = [1.0f32, -2.5, 65504.0, 2f32.powi(-24), -0.0, 0.333_251_95];
+    let f16_bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+    // BF16 is the upper half of f32.
+    let bf16_bytes: Vec<u8> = [1.0f32, -2.5]
+        .iter()
+        .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+        .collect();
+    let tensors = vec![
+        ("h", TensorView::new(Dtype::F16, vec![2, 3], &f16_bytes).unwrap()),
+        ("b", TensorView::new(Dtype::BF16, vec![2], &bf16_bytes).unwrap()),
+    ];
+    let bytes = serialize(tensors, None).unwrap();
+    let dict = StateDict::from_bytes(&bytes).unwrap();
+    let (shape, values) = dict.get("h").expect("F16 tensor read");
+    assert_eq!(shape, &[2, 3]);
+    for (v, e) in values.iter().zip(expected) {
+        assert_eq!(v.to_bits(), e.to_bits(), "{v} != {e}");
+    }
+    assert_eq!(dict.get("b").unwrap().1, &[1.0, -2.5]);
+
+    let ints: Vec<u8> = [7i32, 8].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let bytes = serialize(
+        vec![("ids", TensorView::new(Dtype::I32, vec![2], &ints).unwrap())],
+        None,
+    )
+    .unwrap();
+    match StateDict::from_bytes(&bytes) {
+        Err(BlockError::UnsupportedDtype { name, dtype }) => {
+            assert_eq!(name, "ids");
+            assert_eq!(dtype, "I32");
+        }
+        other => panic!("expected UnsupportedDtype, got {other:?}"),
     }
 }

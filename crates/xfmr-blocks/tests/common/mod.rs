@@ -8,7 +8,8 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    Activation, Decoder, Encoder, LayerConfig, NormPosition, StackConfig, StateDict,
+    Activation, Decoder, DecoderInput, Encoder, LayerConfig, NormPosition, SelfAttentionInput,
+    StackConfig, StateDict,
 };
 use xfmr_testing::{fixtures_dir, Fixture};
 
@@ -81,8 +82,13 @@ pub fn run<B: Backend>(
         ours, theirs,
         "the fixture's tgt_mask is not the causal mask"
     );
-    let memory = encoder.forward(src, Some(&src_pad));
-    let out = decoder.forward(tgt, memory.clone(), Some(&tgt_pad), Some(&src_pad));
+    let memory = encoder.forward(SelfAttentionInput::new(src).mask(src_pad.clone()));
+    let out = decoder.forward(
+        DecoderInput::new(tgt)
+            .memory(&memory)
+            .self_mask(tgt_pad)
+            .memory_mask(src_pad),
+    );
     (memory, out)
 }
 

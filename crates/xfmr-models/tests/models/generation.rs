@@ -88,7 +88,7 @@ fn cached_steps_equal_full_recomputation() {
     let model = tiny_transformer(7);
     let src = ids::<Cpu>(&[sources()[0].clone()], &device);
     let memory = model.encode(src).unwrap();
-    let mut state = model.start(memory.clone());
+    let mut state = model.start(&memory);
     let mut prefix = vec![BOS];
     let mut next = ids::<Cpu>(&[vec![BOS]], &device);
     for _ in 0..MAX_LEN {
@@ -331,7 +331,7 @@ fn step_logits_are_finite() {
     let device: Device = Default::default();
     let model = tiny_transformer(2);
     let memory = model.encode(ids::<Cpu>(&sources()[..1], &device)).unwrap();
-    let mut state = model.start(memory);
+    let mut state = model.start(&memory);
     let step = model
         .step(&mut state, ids::<Cpu>(&[vec![BOS]], &device), true)
         .unwrap();

@@ -9,7 +9,7 @@ use crate::{ids, Cpu, Device};
 
 /// A BERT state dict with HF names and random values for `config`.
 fn bert_dict(config: &EncoderOnlyConfig, rng: &mut TestRng) -> StateDict {
-    let (d, ff) = (config.d_model, config.d_ff);
+    let (d, ff) = (config.layer.d_model, config.layer.d_ff);
     let mut dict = StateDict::default();
     let mut put = |name: String, shape: Vec<usize>| {
         let n = shape.iter().product();

@@ -48,7 +48,7 @@ pub fn tiny_transformer(seed: u64) -> Transformer<Cpu> {
     let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let config = TransformerConfig::tiny(VOCAB).with_dropout(0.0);
+    let config = TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0));
     let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let src = ids::<Train>(&src, &train_device);
@@ -72,7 +72,7 @@ pub fn tiny_lm(seed: u64) -> DecoderOnly<Cpu> {
     let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let config = DecoderOnlyConfig::tiny(VOCAB).with_dropout(0.0);
+    let config = DecoderOnlyConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0));
     let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let rows: Vec<Vec<u32>> = src
@@ -111,16 +111,21 @@ pub fn tiny_lm(seed: u64) -> DecoderOnly<Cpu> {
 /// Training backend of the fixtures above: flex, which no other test here uses, so that its
 /// global (per device type) random generator is drawn from by one fixture at a time (under
 /// [`TRAINING`]) and the fixtures are the same whatever tests run beside them.
-type Train = Autodiff<Flex>;
+pub type Train = Autodiff<Flex>;
 
 /// Serialises the fixtures' seeding, lazy initialisation and training.
 static TRAINING: Mutex<()> = Mutex::new(());
+
+/// Holds flex's generator for one seeded training run (see [`Train`]).
+pub fn training_lock() -> std::sync::MutexGuard<'static, ()> {
+    TRAINING.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The same weights on flex (under [`TRAINING`]: flex's generator belongs to the fixtures).
 pub fn transformer_on_flex(model: &Transformer<Cpu>) -> Transformer<Flex> {
     let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
     let target = TransformerConfig::tiny(VOCAB)
-        .with_dropout(0.0)
+        .map_layer(|l| l.with_dropout(0.0))
         .init::<Flex>(&Default::default())
         .unwrap();
     convert::<Cpu, Flex, _, _>(model.clone(), target)

@@ -7,6 +7,9 @@ use xfmr_models::{
     l2_normalize, DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError,
     Pooling, Transformer, TransformerConfig,
 };
+use xfmr_attention::AttentionError;
+use xfmr_blocks::{BlockError, LayerConfig};
+use xfmr_position::PositionError;
 use xfmr_testing::{assert_tensors_close, max_abs_diff, to_vec};
 
 use crate::{ids, sources, tiny_lm, tiny_transformer, Cpu, Device, PAD, VOCAB};
@@ -15,7 +18,7 @@ use crate::{ids, sources, tiny_lm, tiny_transformer, Cpu, Device, PAD, VOCAB};
 /// by source, target and output; per layer 4 projections with bias per attention, two FFN
 /// linears with bias, 2 (encoder) or 3 (decoder) LayerNorms of 2·d.
 fn paper_count(c: &TransformerConfig) -> usize {
-    let (d, ff, v) = (c.d_model, c.d_ff, c.src_vocab_size);
+    let (d, ff, v) = (c.layer.d_model, c.layer.d_ff, c.src_vocab_size);
     let attention = 4 * (d * d + d);
     let ffn = d * ff + ff + ff * d + d;
     let norm = 2 * d;
@@ -90,8 +93,7 @@ fn decoder_only_is_causal() {
 fn encoder_only_padding_pooling_and_heads() {
     let device: Device = Default::default();
     let config = EncoderOnlyConfig::tiny(VOCAB)
-        .with_dropout(0.0)
-        .with_attention_dropout(0.0)
+        .map_layer(|l| l.with_dropout(0.0).with_attention_dropout(0.0))
         .with_mlm_head(true)
         .with_n_classes(Some(3));
     let model: EncoderOnly<Cpu> = config.init(&device).unwrap();
@@ -141,7 +143,7 @@ fn encoder_only_padding_pooling_and_heads() {
 fn checkpoints_round_trip_and_name_mismatched_fields() {
     let device: Device = Default::default();
     let dir = tempfile::tempdir().unwrap();
-    let config = TransformerConfig::tiny(VOCAB).with_dropout(0.0);
+    let config = TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0));
     let model: Transformer<Cpu> = config.init(&device).unwrap();
     checkpoint::save(&model, &config, dir.path()).unwrap();
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
@@ -157,7 +159,7 @@ fn checkpoints_round_trip_and_name_mismatched_fields() {
 
     let (loaded_config, loaded): (TransformerConfig, Transformer<Cpu>) =
         checkpoint::load(dir.path(), &device).unwrap();
-    assert_eq!(loaded_config.d_model, config.d_model);
+    assert_eq!(loaded_config.layer.d_model, config.layer.d_model);
     let src = ids::<Cpu>(&sources()[..1], &device);
     let tgt = ids::<Cpu>(&[vec![1, 4, 5]], &device);
     let a = model.forward(src.clone(), tgt.clone()).unwrap();
@@ -172,10 +174,7 @@ fn checkpoints_round_trip_and_name_mismatched_fields() {
         "load_expecting",
     );
 
-    let other = TransformerConfig {
-        d_ff: 256,
-        ..config.clone()
-    };
+    let other = config.clone().map_layer(|l| LayerConfig { d_ff: 256, ..l });
     match checkpoint::load_expecting::<Cpu, _>(dir.path(), &other, &device) {
         Err(ModelError::ConfigMismatch {
             field,
@@ -183,7 +182,7 @@ fn checkpoints_round_trip_and_name_mismatched_fields() {
             found,
             ..
         }) => {
-            assert_eq!(field, "d_ff");
+            assert_eq!(field, "layer.d_ff");
             assert_eq!((expected.as_str(), found.as_str()), ("256", "128"));
         }
         other => panic!("expected ConfigMismatch, got {:?}", other.map(|_| ())),
@@ -217,7 +216,7 @@ fn configuration_errors_name_the_field() {
         ModelError::InvalidConfig { field, .. } => field,
         other => panic!("expected InvalidConfig, got {other}"),
     };
-    let e = TransformerConfig::new(10, 12, 16, 2, 32, 1, 1)
+    let e = TransformerConfig::new(10, 12, LayerConfig::new(16, 2, 32), 1, 1)
         .init::<Cpu>(&device)
         .unwrap_err();
     assert_eq!(field(e), "share_embeddings");
@@ -228,30 +227,46 @@ fn configuration_errors_name_the_field() {
     assert_eq!(field(e), "pad_id");
     let e = DecoderOnlyConfig::tiny(0).init::<Cpu>(&device).unwrap_err();
     assert_eq!(field(e), "vocab_size");
-    // Errors from the blocks come through with their own names.
-    let e = DecoderOnlyConfig::new(10, 30, 4, 64, 1)
+    // Errors from the blocks come through as themselves, with their values.
+    let e = DecoderOnlyConfig::new(10, LayerConfig::new(30, 4, 64), 1)
         .init::<Cpu>(&device)
         .unwrap_err();
-    assert!(e.to_string().contains("30"), "{e}");
-    // A learned table is a hard limit, reported with both lengths.
+    assert!(
+        matches!(
+            e,
+            ModelError::Block(BlockError::Attention(AttentionError::HeadsDoNotDivide {
+                d_model: 30,
+                n_heads: 4
+            }))
+        ),
+        "{e:?}"
+    );
+    // A learned table is a hard limit, reported with the length asked for and the table's.
     let lm = DecoderOnlyConfig::tiny(VOCAB)
         .with_max_len(4)
         .init::<Cpu>(&device)
         .unwrap();
     let e = lm.forward(ids::<Cpu>(&[vec![3; 6]], &device)).unwrap_err();
     assert!(
-        e.to_string().contains('4') && e.to_string().contains('6'),
-        "{e}"
+        matches!(
+            e,
+            ModelError::Block(BlockError::Position(PositionError::SequenceTooLong {
+                seq_len: 6,
+                offset: 0,
+                max_len: 4
+            }))
+        ),
+        "{e:?}"
     );
 }
 
 #[test]
 fn untied_and_unshared_variants_run() {
     let device: Device = Default::default();
-    let config = TransformerConfig::new(20, 30, 32, 4, 64, 1, 1)
+    let layer = LayerConfig::new(32, 4, 64).with_norm_position(xfmr_blocks::NormPosition::Pre);
+    let config = TransformerConfig::new(20, 30, layer, 1, 1)
         .with_share_embeddings(false)
-        .with_tie_output(false)
-        .with_norm_position(xfmr_blocks::NormPosition::Pre);
+        .with_tie_output(false);
     let model: Transformer<Cpu> = config.init(&device).unwrap();
     let logits = model
         .forward(

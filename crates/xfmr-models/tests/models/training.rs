@@ -1,14 +1,14 @@
 //! Teacher forcing: shifted inputs, the label-smoothed loss against a host computation, and a
 //! short training run that learns to copy.
 
-use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{activation::log_softmax, Tensor};
+use xfmr_blocks::LayerConfig;
 use xfmr_models::{cross_entropy, shift_right, GenerationOptions, TransformerConfig};
 use xfmr_testing::{to_vec, TestRng};
 
-use crate::{ids, Cpu, BOS, EOS, PAD};
+use crate::{ids, Cpu, Train, BOS, EOS, PAD};
 
 #[test]
 fn shift_right_puts_the_start_token_first() {
@@ -54,10 +54,13 @@ fn label_smoothed_cross_entropy_matches_host_formula() {
 /// greedy decoding reproduces held-in sequences.
 #[test]
 fn teacher_forcing_learns_to_copy() {
-    type Train = Autodiff<Cpu>;
+    // Seeding draws on a generator global per device type: train on the fixtures' backend,
+    // under their lock, so no other test's draws interleave with this one's (or change them).
+    let _guard = crate::training_lock();
     let device = Default::default();
     <Train as burn::tensor::backend::Backend>::seed(&device, 0);
-    let config = TransformerConfig::new(12, 12, 32, 2, 64, 1, 1).with_dropout(0.0);
+    let layer = LayerConfig::new(32, 2, 64).with_dropout(0.0);
+    let config = TransformerConfig::new(12, 12, layer, 1, 1);
     let mut model = config.init::<Train>(&device).unwrap();
     let mut optim = AdamConfig::new().init();
     let mut rng = TestRng::new(7);

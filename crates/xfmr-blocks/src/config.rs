@@ -1,0 +1,209 @@
+//! The one layer configuration every stack and model shares, the stack configuration, and the
+//! residual wiring common to all layers.
+
+use burn::config::Config;
+use burn::nn::{Dropout, DropoutConfig};
+use burn::tensor::{backend::Backend, Tensor};
+use xfmr_attention::MultiHeadAttentionConfig;
+
+use crate::{
+    check_dropout, Activation, AttentionPositions, BlockError, CausalDecoder, Decoder, Encoder,
+    FeedForward, FeedForwardConfig, Norm, NormConfig, NormKind, NormPosition, PositionEncoding,
+};
+
+/// The configuration of one layer, shared by encoder, decoder and causal layers and embedded in
+/// every model configuration, so that each model exposes the same options. Defaults are the
+/// paper's (post-norm LayerNorm, ReLU, biases, full multi-head attention, sinusoids).
+#[derive(Config, Debug)]
+pub struct LayerConfig {
+    /// Model width `d_model` (paper: 512).
+    pub d_model: usize,
+    /// Attention heads `h` (paper: 8).
+    pub n_heads: usize,
+    /// Feed-forward inner width `d_ff` (paper: 2048).
+    pub d_ff: usize,
+    /// Key/value heads for grouped-query attention (must divide `n_heads`).
+    /// Default: `None` (= `n_heads`, the paper's attention).
+    #[config(default = "None")]
+    pub n_kv_heads: Option<usize>,
+    /// Residual dropout on each sublayer output before the add, also used by the models on the
+    /// embedding sums (paper: 0.1). Default: 0.1.
+    #[config(default = 0.1)]
+    pub dropout: f64,
+    /// Dropout on attention weights. Default: 0.0.
+    #[config(default = 0.0)]
+    pub attention_dropout: f64,
+    /// Dropout after the feed-forward activation. Default: 0.0.
+    #[config(default = 0.0)]
+    pub ffn_dropout: f64,
+    /// Feed-forward activation. Default: `Relu` (paper).
+    #[config(default = "Activation::Relu")]
+    pub activation: Activation,
+    /// Norm placement. Default: `Post` (paper). Pre-norm stacks built by the models end in a
+    /// final norm.
+    #[config(default = "NormPosition::Post")]
+    pub norm_position: NormPosition,
+    /// Norm kind. Default: `LayerNorm` (paper).
+    #[config(default = "NormKind::LayerNorm")]
+    pub norm: NormKind,
+    /// Norm ε. Default: 1e-5.
+    #[config(default = 1e-5)]
+    pub norm_eps: f64,
+    /// Biases on the attention and feed-forward projections (LLaMA has none). Default: true.
+    #[config(default = true)]
+    pub bias: bool,
+    /// Where positions enter. Default: `Sinusoidal` (paper). `Rotary` and `Alibi` act in every
+    /// self-attention sublayer; the absolute kinds are added by the model to its embeddings.
+    #[config(default = "PositionEncoding::Sinusoidal")]
+    pub positions: PositionEncoding,
+}
+
+impl LayerConfig {
+    /// Width of one head, `d_k = d_model / n_heads`.
+    pub fn d_k(&self) -> usize {
+        self.d_model / self.n_heads.max(1)
+    }
+
+    pub(crate) fn attention(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig::new(self.d_model, self.n_heads)
+            .with_n_kv_heads(self.n_kv_heads)
+            .with_dropout(self.attention_dropout)
+            .with_query_bias(self.bias)
+            .with_key_bias(self.bias)
+            .with_value_bias(self.bias)
+            .with_output_bias(self.bias)
+    }
+
+    pub(crate) fn norm_config(&self) -> NormConfig {
+        NormConfig::new(self.d_model)
+            .with_kind(self.norm)
+            .with_eps(self.norm_eps)
+    }
+
+    pub(crate) fn feed_forward<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<FeedForward<B>, BlockError> {
+        FeedForwardConfig::new(self.d_model, self.d_ff)
+            .with_activation(self.activation)
+            .with_dropout(self.ffn_dropout)
+            .with_bias(self.bias)
+            .init(device)
+    }
+
+    pub(crate) fn residual_dropout(&self) -> Result<Dropout, BlockError> {
+        check_dropout(self.dropout)?;
+        Ok(DropoutConfig::new(self.dropout).init())
+    }
+
+    /// The positions applied inside self-attention (`Rotary`, `Alibi`), if any.
+    ///
+    /// # Errors
+    /// As [`PositionEncoding::init_attention`].
+    pub fn attention_positions(&self) -> Result<Option<AttentionPositions>, BlockError> {
+        if self.n_heads == 0 {
+            return Err(BlockError::ZeroDim { name: "n_heads" });
+        }
+        self.positions.init_attention(self.n_heads, self.d_k())
+    }
+}
+
+/// Configuration of a stack of layers.
+#[derive(Config, Debug)]
+pub struct StackConfig {
+    /// The layers' configuration.
+    pub layer: LayerConfig,
+    /// Number of layers (paper: 6).
+    pub n_layers: usize,
+    /// A norm after the last layer. PyTorch's `nn.Transformer` always has one; pre-norm stacks
+    /// need one; the paper's post-norm stack has none. Default: false.
+    #[config(default = false)]
+    pub final_norm: bool,
+}
+
+impl StackConfig {
+    fn checked<B: Backend>(&self, device: &B::Device) -> Result<Option<Norm<B>>, BlockError> {
+        if self.n_layers == 0 {
+            return Err(BlockError::ZeroDim { name: "n_layers" });
+        }
+        self.final_norm
+            .then(|| self.layer.norm_config().init(device))
+            .transpose()
+    }
+
+    /// Builds a bidirectional encoder stack.
+    ///
+    /// # Errors
+    /// Zero layers, or any invalid layer setting.
+    pub fn init_encoder<B: Backend>(&self, device: &B::Device) -> Result<Encoder<B>, BlockError> {
+        let norm = self.checked(device)?;
+        Ok(Encoder {
+            layers: (0..self.n_layers)
+                .map(|_| self.layer.init_encoder(device))
+                .collect::<Result<_, _>>()?,
+            norm,
+        })
+    }
+
+    /// Builds a cross-attending decoder stack (the paper's decoder).
+    ///
+    /// # Errors
+    /// Zero layers, or any invalid layer setting.
+    pub fn init_decoder<B: Backend>(&self, device: &B::Device) -> Result<Decoder<B>, BlockError> {
+        let norm = self.checked(device)?;
+        Ok(Decoder {
+            layers: (0..self.n_layers)
+                .map(|_| self.layer.init_decoder(device))
+                .collect::<Result<_, _>>()?,
+            norm,
+        })
+    }
+
+    /// Builds a causal (decoder-only, GPT-like) stack.
+    ///
+    /// # Errors
+    /// Zero layers, or any invalid layer setting.
+    pub fn init_causal<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<CausalDecoder<B>, BlockError> {
+        let norm = self.checked(device)?;
+        Ok(CausalDecoder {
+            layers: (0..self.n_layers)
+                .map(|_| self.layer.init_encoder(device))
+                .collect::<Result<_, _>>()?,
+            norm,
+        })
+    }
+}
+
+/// One residual sublayer: post-norm `Norm(x + Dropout(f(x)))` or pre-norm
+/// `x + Dropout(f(Norm(x)))`.
+pub(crate) fn sublayer<B: Backend>(
+    x: Tensor<B, 3>,
+    norm: &Norm<B>,
+    position: NormPosition,
+    dropout: &Dropout,
+    f: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    match position {
+        NormPosition::Post => norm.forward(x.clone() + dropout.forward(f(x))),
+        NormPosition::Pre => x.clone() + dropout.forward(f(norm.forward(x))),
+    }
+}
+
+/// A stack's optional final norm.
+pub(crate) fn apply_final_norm<B: Backend>(norm: Option<&Norm<B>>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    match norm {
+        Some(norm) => norm.forward(x),
+        None => x,
+    }
+}
+
+/// Panics unless a cache holds one entry per layer.
+pub(crate) fn check_cache_layers(what: &str, cached: usize, layers: usize) {
+    assert_eq!(
+        cached, layers,
+        "{what} has {cached} layers, the stack {layers}"
+    );
+}

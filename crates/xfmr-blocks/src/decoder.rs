@@ -1,0 +1,310 @@
+//! The decoder layer (paper §3.1: masked self-attention, encoder-decoder cross-attention,
+//! feed-forward, each a residual sublayer) and the decoder stack, teacher-forced or
+//! incremental.
+
+use burn::module::Module;
+use burn::nn::Dropout;
+use burn::tensor::{backend::Backend, Tensor};
+use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttention};
+
+use crate::config::{apply_final_norm, check_cache_layers, sublayer};
+use crate::encoder::{self_attention, Attend};
+use crate::{
+    AttentionPositions, BlockError, CrossAttentionMemory, DecoderCache, FeedForward,
+    LayerConfig, Norm, NormPosition,
+};
+
+/// The input of a [`Decoder`] and its layers.
+///
+/// ```
+/// # use burn::backend::NdArray;
+/// # use burn::tensor::Tensor;
+/// # use xfmr_attention::AttnMask;
+/// # use xfmr_blocks::DecoderInput;
+/// # let device = Default::default();
+/// let tgt = Tensor::<NdArray, 3>::zeros([2, 5, 16], &device);
+/// let memory = Tensor::<NdArray, 3>::zeros([2, 7, 16], &device);
+/// let src_pad = AttnMask::padding_from_lengths(&[7, 4], 7, &device).unwrap();
+/// let input = DecoderInput::new(tgt).memory(&memory).memory_mask(src_pad);
+/// ```
+#[derive(Debug, Clone)]
+pub struct DecoderInput<B: Backend> {
+    /// Target states `[batch, seq, d_model]`.
+    pub x: Tensor<B, 3>,
+    /// Encoder output `[batch, seq_src, d_model]`; needed by [`Decoder::forward`], not by
+    /// [`Decoder::step`] (the cache holds it, projected).
+    pub memory: Option<Tensor<B, 3>>,
+    /// Target keys to ignore (padding), on top of the causal mask.
+    pub self_mask: Option<AttnMask<B>>,
+    /// Source keys to ignore (padding) in cross-attention; a cached step uses the cache's.
+    pub memory_mask: Option<AttnMask<B>>,
+    /// Return the last layer's cross-attention weights (cached steps).
+    pub need_weights: bool,
+}
+
+impl<B: Backend> DecoderInput<B> {
+    /// Decoder input over target states `x` `[batch, seq, d_model]`.
+    pub fn new(x: Tensor<B, 3>) -> Self {
+        Self {
+            x,
+            memory: None,
+            self_mask: None,
+            memory_mask: None,
+            need_weights: false,
+        }
+    }
+
+    /// The encoder memory `[batch, seq_src, d_model]` to attend to.
+    pub fn memory(mut self, memory: &Tensor<B, 3>) -> Self {
+        self.memory = Some(memory.clone());
+        self
+    }
+
+    /// Target padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq_k]`.
+    pub fn self_mask(mut self, mask: AttnMask<B>) -> Self {
+        self.self_mask = Some(mask);
+        self
+    }
+
+    /// Source padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq_src]`.
+    pub fn memory_mask(mut self, mask: AttnMask<B>) -> Self {
+        self.memory_mask = Some(mask);
+        self
+    }
+
+    /// Source padding, if any.
+    pub fn memory_mask_opt(mut self, mask: Option<AttnMask<B>>) -> Self {
+        self.memory_mask = mask;
+        self
+    }
+
+    /// Requests the last layer's cross-attention weights.
+    pub fn need_weights(mut self) -> Self {
+        self.need_weights = true;
+        self
+    }
+}
+
+/// The output of a cached decoder step.
+#[derive(Debug, Clone)]
+pub struct DecoderOutput<B: Backend> {
+    /// `[batch, new, d_model]`.
+    pub hidden: Tensor<B, 3>,
+    /// The **last** layer's cross-attention `[batch, heads, new, seq_src]`, when requested
+    /// (the layer whose attention aligns best with the source in practice; fairseq's default
+    /// alignment layer).
+    pub cross_weights: Option<Tensor<B, 4>>,
+}
+
+impl LayerConfig {
+    /// Builds a decoder layer.
+    ///
+    /// # Errors
+    /// Any invalid size, dropout, ε or position setting, with its value.
+    pub fn init_decoder<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<DecoderLayer<B>, BlockError> {
+        let norm = self.norm_config();
+        Ok(DecoderLayer {
+            self_attn: self.attention().try_init(device)?,
+            cross_attn: self.attention().try_init(device)?,
+            ffn: self.feed_forward(device)?,
+            norm_self: norm.init(device)?,
+            norm_cross: norm.init(device)?,
+            norm_ff: norm.init(device)?,
+            dropout: self.residual_dropout()?,
+            norm_position: self.norm_position,
+            positions: self.attention_positions()?,
+        })
+    }
+}
+
+/// Decoder layer: masked self-attention, encoder-decoder cross-attention, feed-forward.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    /// Causal self-attention.
+    pub self_attn: MultiHeadAttention<B>,
+    /// Cross-attention over the encoder memory (PyTorch `multihead_attn`).
+    pub cross_attn: MultiHeadAttention<B>,
+    /// Feed-forward network.
+    pub ffn: FeedForward<B>,
+    /// Norm of the self-attention sublayer (PyTorch `norm1`).
+    pub norm_self: Norm<B>,
+    /// Norm of the cross-attention sublayer (PyTorch `norm2`).
+    pub norm_cross: Norm<B>,
+    /// Norm of the feed-forward sublayer (PyTorch `norm3`).
+    pub norm_ff: Norm<B>,
+    /// Residual dropout.
+    pub dropout: Dropout,
+    /// Norm placement.
+    pub norm_position: NormPosition,
+    /// RoPE or ALiBi in self-attention (never in cross-attention), if the layer uses either.
+    pub positions: Option<AttentionPositions>,
+}
+
+/// Where cross-attention's keys and values come from.
+enum Cross<'a, B: Backend> {
+    /// Projected from the memory in this call (teacher forcing).
+    Memory(Tensor<B, 3>),
+    /// Projected once when decoding started.
+    Projected(&'a KvCache<B>),
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    /// Full (teacher-forced) pass; self-attention is causal.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`; `input.memory`: `[batch, seq_src, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// Without `input.memory`, or on shape mismatches.
+    pub fn forward(&self, input: DecoderInput<B>) -> Tensor<B, 3> {
+        let memory = input
+            .memory
+            .clone()
+            .expect("DecoderLayer::forward: the input has no memory (DecoderInput::memory)");
+        self.run(input, Attend::Causal, Cross::Memory(memory)).0
+    }
+
+    fn run(
+        &self,
+        input: DecoderInput<B>,
+        mode: Attend<'_, B>,
+        cross: Cross<'_, B>,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
+        let DecoderInput {
+            x,
+            self_mask,
+            memory_mask,
+            need_weights,
+            ..
+        } = input;
+        let x = sublayer(x, &self.norm_self, self.norm_position, &self.dropout, |h| {
+            self_attention(&self.self_attn, self.positions.as_ref(), h, self_mask, mode)
+        });
+        let mut weights = None;
+        let x = sublayer(x, &self.norm_cross, self.norm_position, &self.dropout, |h| {
+            let out = match cross {
+                Cross::Memory(memory) => {
+                    let mut input = MhaInput::cross(h, memory).mask_opt(memory_mask);
+                    if need_weights {
+                        input = input.need_weights();
+                    }
+                    self.cross_attn.forward(input)
+                }
+                Cross::Projected(cache) => {
+                    let mut input = MhaInput::self_attn(h).mask_opt(memory_mask);
+                    if need_weights {
+                        input = input.need_weights();
+                    }
+                    self.cross_attn
+                        .try_forward_projected(input, cache)
+                        .unwrap_or_else(|e| panic!("DecoderLayer cross-attention: {e}"))
+                }
+            };
+            weights = out.weights;
+            out.context
+        });
+        let x = sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
+            self.ffn.forward(h)
+        });
+        (x, weights)
+    }
+}
+
+/// A stack of decoder layers, optionally followed by a norm: the paper's decoder.
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend> {
+    /// The layers.
+    pub layers: Vec<DecoderLayer<B>>,
+    /// Final norm (PyTorch `decoder.norm`).
+    pub norm: Option<Norm<B>>,
+}
+
+impl<B: Backend> Decoder<B> {
+    /// Full teacher-forced pass: position `i` sees target positions `≤ i` and the whole memory.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`; `input.memory`: `[batch, seq_src, d_model]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// Without `input.memory`, or on shape mismatches.
+    pub fn forward(&self, input: DecoderInput<B>) -> Tensor<B, 3> {
+        let DecoderInput { x, .. } = input.clone();
+        let x = self.layers.iter().fold(x, |x, layer| {
+            layer.forward(DecoderInput {
+                x,
+                ..input.clone()
+            })
+        });
+        apply_final_norm(self.norm.as_ref(), x)
+    }
+
+    /// Starts incremental decoding: projects `memory` into every layer's cross-attention keys
+    /// and values, once.
+    ///
+    /// # Shapes
+    /// - `memory`: `[batch, seq_src, d_model]`; `memory_mask` broadcastable to
+    ///   `[batch, heads, 1, seq_src]`
+    pub fn start(
+        &self,
+        memory: &Tensor<B, 3>,
+        memory_mask: Option<AttnMask<B>>,
+    ) -> DecoderCache<B> {
+        let batch = memory.dims()[0];
+        DecoderCache {
+            self_attn: (0..self.layers.len()).map(|_| KvCache::new()).collect(),
+            memory: CrossAttentionMemory::new(
+                self.layers
+                    .iter()
+                    .map(|l| l.cross_attn.project_memory(memory.clone()))
+                    .collect(),
+                memory_mask,
+                batch,
+            ),
+        }
+    }
+
+    /// Incremental pass over new positions after the cached ones; `hidden` equals the matching
+    /// rows of [`forward`](Self::forward). The memory and its mask come from the cache;
+    /// `input.memory` and `input.memory_mask` are not read.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, new, d_model]`; `input.self_mask` broadcastable to
+    ///   `[batch, heads, new, past + new]`
+    /// - output `hidden`: `[batch, new, d_model]`; `cross_weights`: `[batch, heads, new, seq_src]`
+    ///
+    /// # Panics
+    /// If `cache` belongs to a stack with another number of layers, or on shape mismatches.
+    pub fn step(&self, input: DecoderInput<B>, cache: &mut DecoderCache<B>) -> DecoderOutput<B> {
+        check_cache_layers("DecoderCache", cache.self_attn.len(), self.layers.len());
+        let last = self.layers.len() - 1;
+        let memory_mask = cache.memory.mask.clone();
+        let mut x = input.x.clone();
+        let mut cross_weights = None;
+        let caches = cache.self_attn.iter_mut().zip(&cache.memory.layers);
+        for (i, (layer, (self_cache, cross))) in self.layers.iter().zip(caches).enumerate() {
+            let layer_input = DecoderInput {
+                x,
+                memory: None,
+                self_mask: input.self_mask.clone(),
+                memory_mask: memory_mask.clone(),
+                need_weights: input.need_weights && i == last,
+            };
+            let (out, w) = layer.run(
+                layer_input,
+                Attend::Cached(self_cache),
+                Cross::Projected(cross),
+            );
+            x = out;
+            cross_weights = w;
+        }
+        DecoderOutput {
+            hidden: apply_final_norm(self.norm.as_ref(), x),
+            cross_weights,
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The encoder layer (paper §3.1: self-attention, then the feed-forward network, each a residual
+//! sublayer) and the bidirectional encoder stack.
+
+use burn::module::Module;
+use burn::nn::Dropout;
+use burn::tensor::{backend::Backend, Tensor};
+use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttention};
+
+use crate::config::{apply_final_norm, sublayer};
+use crate::{AttentionPositions, BlockError, FeedForward, LayerConfig, Norm, NormPosition};
+
+/// The input of a self-attention stack ([`Encoder`] or [`CausalDecoder`](crate::CausalDecoder))
+/// and of its layers.
+///
+/// ```
+/// # use burn::backend::NdArray;
+/// # use burn::tensor::Tensor;
+/// # use xfmr_attention::AttnMask;
+/// # use xfmr_blocks::SelfAttentionInput;
+/// # let device = Default::default();
+/// let x = Tensor::<NdArray, 3>::zeros([2, 5, 16], &device);
+/// let pad = AttnMask::padding_from_lengths(&[5, 3], 5, &device).unwrap();
+/// let input = SelfAttentionInput::new(x).mask(pad);
+/// ```
+#[derive(Debug, Clone)]
+pub struct SelfAttentionInput<B: Backend> {
+    /// `[batch, seq, d_model]`.
+    pub x: Tensor<B, 3>,
+    /// Ignored keys (`true` = ignored), e.g. padding.
+    pub mask: Option<AttnMask<B>>,
+}
+
+impl<B: Backend> SelfAttentionInput<B> {
+    /// Attention over every position of `x` `[batch, seq, d_model]` (or, in a causal stack,
+    /// over every earlier one).
+    pub fn new(x: Tensor<B, 3>) -> Self {
+        Self { x, mask: None }
+    }
+
+    /// Adds a mask (`true` = ignored), combined with any mask already set. Broadcastable to
+    /// `[batch, heads, seq, seq_k]`, `seq_k` counting cached keys in a cached step.
+    pub fn mask(mut self, mask: AttnMask<B>) -> Self {
+        self.mask = Some(match self.mask {
+            Some(existing) => existing.union(mask),
+            None => mask,
+        });
+        self
+    }
+
+    /// Adds an optional mask.
+    pub fn mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
+        match mask {
+            Some(mask) => self.mask(mask),
+            None => self,
+        }
+    }
+}
+
+/// How a layer's self-attention sees the keys.
+pub(crate) enum Attend<'a, B: Backend> {
+    /// Every key (the encoder).
+    Bidirectional,
+    /// Keys at or before the query (teacher-forced decoding).
+    Causal,
+    /// New queries after the cached keys, whose keys/values are appended to the cache.
+    Cached(&'a mut KvCache<B>),
+}
+
+/// Self-attention with the layer's attention positions (RoPE, ALiBi) applied.
+pub(crate) fn self_attention<B: Backend>(
+    attn: &MultiHeadAttention<B>,
+    positions: Option<&AttentionPositions>,
+    h: Tensor<B, 3>,
+    mask: Option<AttnMask<B>>,
+    mode: Attend<'_, B>,
+) -> Tensor<B, 3> {
+    let [_, seq_q, _] = h.dims();
+    let device = h.device();
+    let past = match &mode {
+        Attend::Cached(cache) => cache.len(),
+        _ => 0,
+    };
+    let mut input = MhaInput::self_attn(h).mask_opt(mask);
+    if let Some(positions) = positions {
+        input = positions.apply(input, seq_q, past + seq_q, &device);
+    }
+    match mode {
+        Attend::Bidirectional => attn.forward(input).context,
+        Attend::Causal => attn.forward(input.causal()).context,
+        Attend::Cached(cache) => attn.forward_cached(input, cache).context,
+    }
+}
+
+impl LayerConfig {
+    /// Builds an encoder layer (also the layer of a causal stack).
+    ///
+    /// # Errors
+    /// Any invalid size, dropout, ε or position setting, with its value.
+    pub fn init_encoder<B: Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<EncoderLayer<B>, BlockError> {
+        let norm = self.norm_config();
+        Ok(EncoderLayer {
+            self_attn: self.attention().try_init(device)?,
+            ffn: self.feed_forward(device)?,
+            norm_attn: norm.init(device)?,
+            norm_ff: norm.init(device)?,
+            dropout: self.residual_dropout()?,
+            norm_position: self.norm_position,
+            positions: self.attention_positions()?,
+        })
+    }
+}
+
+/// Encoder layer: self-attention, then the feed-forward network, each a residual sublayer. A
+/// causal stack ([`CausalDecoder`](crate::CausalDecoder)) runs the same layer under a
+/// look-ahead mask: GPT's block is the paper's encoder layer made causal.
+#[derive(Module, Debug)]
+pub struct EncoderLayer<B: Backend> {
+    /// Self-attention.
+    pub self_attn: MultiHeadAttention<B>,
+    /// Feed-forward network.
+    pub ffn: FeedForward<B>,
+    /// Norm of the attention sublayer (PyTorch `norm1`).
+    pub norm_attn: Norm<B>,
+    /// Norm of the feed-forward sublayer (PyTorch `norm2`).
+    pub norm_ff: Norm<B>,
+    /// Residual dropout.
+    pub dropout: Dropout,
+    /// Norm placement.
+    pub norm_position: NormPosition,
+    /// RoPE or ALiBi in self-attention, if the layer uses either.
+    pub positions: Option<AttentionPositions>,
+}
+
+impl<B: Backend> EncoderLayer<B> {
+    /// Bidirectional pass (the paper's encoder layer).
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`; mask broadcastable to `[batch, heads, seq, seq]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Panics
+    /// On shape mismatches (see `MultiHeadAttention::forward`).
+    pub fn forward(&self, input: SelfAttentionInput<B>) -> Tensor<B, 3> {
+        self.run(input, Attend::Bidirectional)
+    }
+
+    pub(crate) fn run(&self, input: SelfAttentionInput<B>, mode: Attend<'_, B>) -> Tensor<B, 3> {
+        let SelfAttentionInput { x, mask } = input;
+        let x = sublayer(x, &self.norm_attn, self.norm_position, &self.dropout, |h| {
+            self_attention(&self.self_attn, self.positions.as_ref(), h, mask, mode)
+        });
+        sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
+            self.ffn.forward(h)
+        })
+    }
+}
+
+/// A stack of encoder layers, optionally followed by a norm: the paper's encoder.
+#[derive(Module, Debug)]
+pub struct Encoder<B: Backend> {
+    /// The layers.
+    pub layers: Vec<EncoderLayer<B>>,
+    /// Final norm (PyTorch `encoder.norm`).
+    pub norm: Option<Norm<B>>,
+}
+
+impl<B: Backend> Encoder<B> {
+    /// Bidirectional pass.
+    ///
+    /// # Shapes
+    /// - `input.x`: `[batch, seq, d_model]`; mask: source padding (`true` = ignored)
+    /// - output (the memory): `[batch, seq, d_model]`
+    pub fn forward(&self, input: SelfAttentionInput<B>) -> Tensor<B, 3> {
+        let SelfAttentionInput { x, mask } = input;
+        let x = self.layers.iter().fold(x, |x, layer| {
+            layer.forward(SelfAttentionInput {
+                x,
+                mask: mask.clone(),
+            })
+        });
+        apply_final_norm(self.norm.as_ref(), x)
+    }
+}
