@@ -110,7 +110,10 @@ fn xfmr_stack<B: Backend>(device: &B::Device, steps: usize) -> Profile {
         (0..steps)
             .map(|t| {
                 let start = Instant::now();
-                let out = decoder.step(DecoderInput::new(inputs.clone().narrow(1, t, 1)), &mut cache);
+                let out = decoder.step(
+                    DecoderInput::new(inputs.clone().narrow(1, t, 1)),
+                    &mut cache,
+                );
                 let _ = out.hidden.into_data();
                 start.elapsed()
             })

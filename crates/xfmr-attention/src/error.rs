@@ -93,6 +93,12 @@ pub enum AttentionError {
     /// come from different sequences whose positions do not relate.
     #[error("rotary position embeddings apply to self-attention only, not cross-attention")]
     RotaryCrossAttention,
+    /// Cross-attention was given to a self-attention cache.
+    #[error(
+        "a key/value cache serves self-attention only: for cross-attention, project the memory \
+         once with `project_memory` and attend with `forward_projected`"
+    )]
+    CachedCrossAttention,
     /// Truncating a cache to more entries than it holds.
     #[error("cannot truncate a key/value cache of length {len} to {requested}")]
     CacheTruncate {

@@ -96,4 +96,3 @@ impl<B: Backend> MhaInput<B> {
         self
     }
 }
-

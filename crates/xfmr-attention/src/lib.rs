@@ -51,8 +51,8 @@ mod torch;
 
 pub use cache::KvCache;
 pub use error::AttentionError;
-pub use mask::AttnMask;
 pub use input::MhaInput;
+pub use mask::AttnMask;
 pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use rotation::QkRotation;
 pub use sdpa::{

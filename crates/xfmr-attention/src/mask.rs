@@ -22,7 +22,6 @@
 
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
 
-
 use crate::AttentionError;
 
 /// A boolean attention mask, **`true` = ignored** (burn's and PyTorch's polarity), broadcastable to

@@ -214,21 +214,19 @@ impl<B: Backend> MultiHeadAttention<B> {
         self.attend(query, key, value, mask, input.bias, input.need_weights)
     }
 
-    /// Incremental attention through a key/value cache.
+    /// Incremental self-attention through a key/value cache (`MhaInput::self_attn(x_new)`):
+    /// projects only the new tokens, appends their keys/values to `cache`, and attends the new
+    /// queries over all cached positions. It is always causal: new query `i` sits at position
+    /// `cache.len() + i` and sees keys up to it. Feeding a sequence one token at a time gives
+    /// the same result as one causal [`forward`](Self::forward) over the whole sequence.
     ///
-    /// - **Self-attention** (`MhaInput::self_attn(x_new)`): projects only the new tokens, appends
-    ///   their keys/values to `cache`, and attends the new queries over all cached positions.
-    ///   It is always causal: new query `i` sits at position `cache.len() + i` and sees keys up to
-    ///   it. Feeding a sequence one token at a time gives the same result as one causal
-    ///   [`forward`](Self::forward) over the whole sequence.
-    /// - **Cross-attention** (`MhaInput::cross(x_new, memory)`): on the first call (empty cache)
-    ///   the memory is projected into `cache`; later calls reuse it and do not read `memory`
-    ///   again. See also [`project_memory`](Self::project_memory).
+    /// Cross-attention while decoding projects the memory once
+    /// ([`project_memory`](Self::project_memory)) and attends over it with
+    /// [`forward_projected`](Self::forward_projected).
     ///
     /// # Shapes
     /// - `input.query`: `[batch, new, d_model]`
-    /// - mask: broadcastable to `[batch, n_heads, new, len]`, `len` = cached length after the
-    ///   call (past + new for self-attention)
+    /// - mask: broadcastable to `[batch, n_heads, new, past + new]`
     /// - output `context`: `[batch, new, d_model]`
     ///
     /// # Panics
@@ -242,8 +240,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// the cache is left unchanged.
     ///
     /// # Errors
-    /// As [`try_forward`](Self::try_forward), and [`AttentionError::InputShape`] when the batch
-    /// differs from the cache's.
+    /// As [`try_forward`](Self::try_forward), [`AttentionError::InputShape`] when the batch
+    /// differs from the cache's, [`AttentionError::CachedCrossAttention`] for a cross-attention
+    /// input.
     pub fn try_forward_cached(
         &self,
         input: MhaInput<B>,
@@ -257,47 +256,22 @@ impl<B: Backend> MultiHeadAttention<B> {
                 expected: format!("batch {cached} to match the key/value cache"),
             });
         }
-        if input.memory.is_some() && input.rotation.is_some() {
-            return Err(AttentionError::RotaryCrossAttention);
+        if input.memory.is_some() {
+            return Err(AttentionError::CachedCrossAttention);
         }
         let device = input.query.device();
-        match input.memory.clone() {
-            Some(memory) => {
-                if cache.is_empty() {
-                    self.check_memory(&memory, batch)?;
-                }
-                let seq_k = if cache.is_empty() {
-                    memory.dims()[1]
-                } else {
-                    cache.len()
-                };
-                self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
-                if cache.is_empty() {
-                    *cache = self.project_memory(memory);
-                }
-                let query = self.project(input.query, &self.query, self.n_heads);
-                let (key, value) = (
-                    cache.keys().unwrap().clone(),
-                    cache.values().unwrap().clone(),
-                );
-                let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &device);
-                self.attend(query, key, value, mask, input.bias, input.need_weights)
-            }
-            None => {
-                let seq_k = cache.len() + seq_q;
-                self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
-                let source = input.query.clone();
-                let query = self.project(input.query, &self.query, self.n_heads);
-                let key = self.project(source.clone(), &self.key, self.n_kv_heads);
-                let value = self.project(source, &self.value, self.n_kv_heads);
-                // New rows sit after the cached ones.
-                let (query, key) = rotate(input.rotation.as_deref(), query, key, cache.len());
-                let (key, value) = cache.append(key, value);
-                // A single new query sees every cached key: its causal mask is empty.
-                let mask = with_causal(input.mask, seq_q > 1, seq_q, seq_k, &device);
-                self.attend(query, key, value, mask, input.bias, input.need_weights)
-            }
-        }
+        let seq_k = cache.len() + seq_q;
+        self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
+        let source = input.query.clone();
+        let query = self.project(input.query, &self.query, self.n_heads);
+        let key = self.project(source.clone(), &self.key, self.n_kv_heads);
+        let value = self.project(source, &self.value, self.n_kv_heads);
+        // New rows sit after the cached ones.
+        let (query, key) = rotate(input.rotation.as_deref(), query, key, cache.len());
+        let (key, value) = cache.append(key, value);
+        // A single new query sees every cached key: its causal mask is empty.
+        let mask = with_causal(input.mask, seq_q > 1, seq_q, seq_k, &device);
+        self.attend(query, key, value, mask, input.bias, input.need_weights)
     }
 
     /// Projects encoder memory into keys and values once, for cross-attention over many
@@ -310,6 +284,16 @@ impl<B: Backend> MultiHeadAttention<B> {
         let key = self.project(memory.clone(), &self.key, self.n_kv_heads);
         let value = self.project(memory, &self.value, self.n_kv_heads);
         KvCache::from_parts(key, value)
+    }
+
+    /// Attention of new queries over keys/values projected beforehand (see
+    /// [`try_forward_projected`](Self::try_forward_projected), whose shapes apply).
+    ///
+    /// # Panics
+    /// On a shape mismatch, with the message of the error.
+    pub fn forward_projected(&self, input: MhaInput<B>, memory: &KvCache<B>) -> MhaOutput<B> {
+        self.try_forward_projected(input, memory)
+            .unwrap_or_else(|e| panic!("MultiHeadAttention::forward_projected: {e}"))
     }
 
     /// Attention of new queries over keys/values projected beforehand
@@ -348,7 +332,10 @@ impl<B: Backend> MultiHeadAttention<B> {
             return Err(AttentionError::InputShape {
                 what: "query",
                 actual: input.query.dims().to_vec(),
-                expected: format!("batch {:?} to match the projected memory", memory.batch_size()),
+                expected: format!(
+                    "batch {:?} to match the projected memory",
+                    memory.batch_size()
+                ),
             });
         }
         let seq_k = memory.len();

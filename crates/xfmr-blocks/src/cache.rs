@@ -12,10 +12,7 @@ fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 
 
 /// Reorders every non-empty cache's batch by `indices`.
 fn reorder_layers<B: Backend>(layers: &mut [KvCache<B>], indices: &[usize]) {
-    let Some(device) = layers
-        .iter()
-        .find_map(|c| c.keys().map(|k| k.device()))
-    else {
+    let Some(device) = layers.iter().find_map(|c| c.keys().map(|k| k.device())) else {
         return; // nothing cached yet: nothing to reorder
     };
     let idx = index_tensor::<B>(indices, &device);
@@ -56,9 +53,7 @@ impl<B: Backend> CausalCache<B> {
         self.layers
             .iter()
             .filter_map(|c| Some((c.keys()?, c.values()?)))
-            .map(|(k, v)| {
-                (k.shape().num_elements() + v.shape().num_elements()) * k.dtype().size()
-            })
+            .map(|(k, v)| (k.shape().num_elements() + v.shape().num_elements()) * k.dtype().size())
             .sum()
     }
 }
@@ -100,7 +95,9 @@ impl<B: Backend> CrossAttentionMemory<B> {
         reorder_layers(&mut self.layers, indices);
         if let (Some(mask), Some(device)) = (
             self.mask.take(),
-            self.layers.first().and_then(|c| c.keys().map(|k| k.device())),
+            self.layers
+                .first()
+                .and_then(|c| c.keys().map(|k| k.device())),
         ) {
             self.mask = Some(mask.select_batch(index_tensor::<B>(indices, &device)));
         }

@@ -193,7 +193,10 @@ pub(crate) fn sublayer<B: Backend>(
 }
 
 /// A stack's optional final norm.
-pub(crate) fn apply_final_norm<B: Backend>(norm: Option<&Norm<B>>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+pub(crate) fn apply_final_norm<B: Backend>(
+    norm: Option<&Norm<B>>,
+    x: Tensor<B, 3>,
+) -> Tensor<B, 3> {
     match norm {
         Some(norm) => norm.forward(x),
         None => x,

@@ -10,8 +10,8 @@ use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttention};
 use crate::config::{apply_final_norm, check_cache_layers, sublayer};
 use crate::encoder::{self_attention, Attend};
 use crate::{
-    AttentionPositions, BlockError, CrossAttentionMemory, DecoderCache, FeedForward,
-    LayerConfig, Norm, NormPosition,
+    AttentionPositions, BlockError, CrossAttentionMemory, DecoderCache, FeedForward, LayerConfig,
+    Norm, NormPosition,
 };
 
 /// The input of a [`Decoder`] and its layers.
@@ -185,28 +185,34 @@ impl<B: Backend> DecoderLayer<B> {
             self_attention(&self.self_attn, self.positions.as_ref(), h, self_mask, mode)
         });
         let mut weights = None;
-        let x = sublayer(x, &self.norm_cross, self.norm_position, &self.dropout, |h| {
-            let out = match cross {
-                Cross::Memory(memory) => {
-                    let mut input = MhaInput::cross(h, memory).mask_opt(memory_mask);
-                    if need_weights {
-                        input = input.need_weights();
+        let x = sublayer(
+            x,
+            &self.norm_cross,
+            self.norm_position,
+            &self.dropout,
+            |h| {
+                let out = match cross {
+                    Cross::Memory(memory) => {
+                        let mut input = MhaInput::cross(h, memory).mask_opt(memory_mask);
+                        if need_weights {
+                            input = input.need_weights();
+                        }
+                        self.cross_attn.forward(input)
                     }
-                    self.cross_attn.forward(input)
-                }
-                Cross::Projected(cache) => {
-                    let mut input = MhaInput::self_attn(h).mask_opt(memory_mask);
-                    if need_weights {
-                        input = input.need_weights();
+                    Cross::Projected(cache) => {
+                        let mut input = MhaInput::self_attn(h).mask_opt(memory_mask);
+                        if need_weights {
+                            input = input.need_weights();
+                        }
+                        self.cross_attn
+                            .try_forward_projected(input, cache)
+                            .unwrap_or_else(|e| panic!("DecoderLayer cross-attention: {e}"))
                     }
-                    self.cross_attn
-                        .try_forward_projected(input, cache)
-                        .unwrap_or_else(|e| panic!("DecoderLayer cross-attention: {e}"))
-                }
-            };
-            weights = out.weights;
-            out.context
-        });
+                };
+                weights = out.weights;
+                out.context
+            },
+        );
         let x = sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
             self.ffn.forward(h)
         });
@@ -235,10 +241,7 @@ impl<B: Backend> Decoder<B> {
     pub fn forward(&self, input: DecoderInput<B>) -> Tensor<B, 3> {
         let DecoderInput { x, .. } = input.clone();
         let x = self.layers.iter().fold(x, |x, layer| {
-            layer.forward(DecoderInput {
-                x,
-                ..input.clone()
-            })
+            layer.forward(DecoderInput { x, ..input.clone() })
         });
         apply_final_norm(self.norm.as_ref(), x)
     }

@@ -72,18 +72,18 @@ mod norm;
 mod positions;
 mod torch;
 
-pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
-pub use error::{BlockError, ImportReport};
-pub use ffn::{exact_gelu, Activation, FeedForward, FeedForwardConfig};
 pub use cache::{CausalCache, CrossAttentionMemory, DecoderCache};
 pub use causal::CausalDecoder;
 pub use config::{LayerConfig, StackConfig};
 pub use decoder::{Decoder, DecoderInput, DecoderLayer, DecoderOutput};
-pub use encoder::{EncoderLayer, Encoder, SelfAttentionInput};
+pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
+pub use encoder::{Encoder, EncoderLayer, SelfAttentionInput};
+pub use error::{BlockError, ImportReport};
+pub use ffn::{exact_gelu, Activation, FeedForward, FeedForwardConfig};
 pub use norm::{Norm, NormConfig, NormKind, NormPosition};
 pub use positions::{add_positions, AttentionPositions, PositionEncoding, Positions};
-pub use xfmr_position::RotaryLayout;
 pub use torch::{StateDict, StateDictImporter};
+pub use xfmr_position::RotaryLayout;
 
 pub(crate) fn check_dropout(prob: f64) -> Result<(), BlockError> {
     if (0.0..1.0).contains(&prob) {

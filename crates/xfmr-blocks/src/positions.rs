@@ -133,7 +133,8 @@ impl<B: Backend> Positions<B> {
         let table = self.range(max + 1, 0)?;
         let [_, d_model] = table.dims();
         let flat: Vec<i64> = positions.iter().flatten().map(|&p| p as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(flat, [batch * seq]), &table.device());
+        let ids =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(flat, [batch * seq]), &table.device());
         Ok(table.select(0, ids).reshape([batch, seq, d_model]))
     }
 }

@@ -25,3 +25,8 @@ pub use xfmr_position as position;
 
 /// burn itself, re-exported so that users get the exact version xfmr is built against.
 pub use burn;
+
+/// The README's Rust examples, compiled and run as doctests (`cargo test -p xfmr --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

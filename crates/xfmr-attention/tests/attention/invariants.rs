@@ -9,7 +9,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_attention::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
-    AttentionOptions, AttnMask, KvCache, MhaInput, MultiHeadAttention, MultiHeadAttentionConfig,
+    AttentionError, AttentionOptions, AttnMask, KvCache, MhaInput, MultiHeadAttention,
+    MultiHeadAttentionConfig,
 };
 use xfmr_testing::{assert_tensors_close, max_abs_diff, to_vec, TestRng};
 
@@ -106,9 +107,10 @@ fn cached_decoding_with_padding_mask_equals_full_pass() {
     assert!(max_abs_diff(&full, &Tensor::cat(steps, 1)) <= 1e-5);
 }
 
-/// Cross-attention through a cache projects the memory once and matches the uncached layer.
+/// Cross-attention over memory projected once equals the uncached layer, step by step; a
+/// self-attention cache refuses a cross-attention input.
 #[test]
-fn cached_cross_attention_equals_uncached() {
+fn projected_cross_attention_equals_uncached() {
     let device = Default::default();
     let mut rng = TestRng::new(3);
     let mha = random_mha::<Cpu>(16, 4, 4);
@@ -118,26 +120,27 @@ fn cached_cross_attention_equals_uncached() {
     let full = mha
         .forward(MhaInput::cross(x.clone(), memory.clone()).mask(mask.clone()))
         .context;
-    let mut cache = KvCache::new();
-    let mut steps = Vec::new();
-    for t in 0..4 {
-        steps.push(
-            mha.forward_cached(
-                MhaInput::cross(x.clone().narrow(1, t, 1), memory.clone()).mask(mask.clone()),
-                &mut cache,
-            )
-            .context,
-        );
-        assert_eq!(
-            cache.len(),
-            6,
-            "memory keys are projected once, never appended"
-        );
-    }
+    let projected = mha.project_memory(memory.clone());
+    assert_eq!(projected.len(), 6);
+    let steps: Vec<_> = (0..4)
+        .map(|t| {
+            let input = MhaInput::self_attn(x.clone().narrow(1, t, 1)).mask(mask.clone());
+            mha.forward_projected(input, &projected).context
+        })
+        .collect();
     assert!(max_abs_diff(&full, &Tensor::cat(steps, 1)) <= 1e-5);
-    // The explicitly projected memory is the same cache.
-    let projected = mha.project_memory(memory);
-    assert!(max_abs_diff(projected.keys().unwrap(), cache.keys().unwrap()) == 0.0);
+    assert_eq!(
+        projected.len(),
+        6,
+        "the projected memory is read, never appended to"
+    );
+
+    let mut cache = KvCache::new();
+    let err = mha
+        .try_forward_cached(MhaInput::cross(x.narrow(1, 0, 1), memory), &mut cache)
+        .unwrap_err();
+    assert_eq!(err, AttentionError::CachedCrossAttention);
+    assert!(cache.is_empty());
 }
 
 /// Reordering the cache along the batch (beam search) equals decoding the reordered inputs;
@@ -186,7 +189,11 @@ fn cache_reorder_and_truncate() {
     assert_eq!(cache.len(), 4);
     assert!(max_abs_diff(cache.keys().unwrap(), &keys_before) <= 1e-6);
     assert!(cache.truncate(5).is_err());
-    assert_eq!(cache.len(), 4, "a refused truncate leaves the cache as it was");
+    assert_eq!(
+        cache.len(),
+        4,
+        "a refused truncate leaves the cache as it was"
+    );
 }
 
 /// Padded keys never change the outputs at real positions: a padded batch equals each sequence

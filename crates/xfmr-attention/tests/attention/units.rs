@@ -191,3 +191,32 @@ fn torch_import_rejects_wrong_shapes_and_bias_mismatch() {
         .init::<Cpu>(&device);
     assert!(no_bias.load_torch(weights(24, false)).is_ok());
 }
+
+/// `select_batch` follows a reordered batch (rows repeated and permuted); a mask shared by the
+/// batch stays as it is. `narrow_keys` keeps a key prefix and refuses keys past the end.
+#[test]
+fn masks_select_rows_and_narrow_keys() {
+    let device = Default::default();
+    let pad = AttnMask::<Cpu>::padding_from_lengths(&[3, 1, 2], 4, &device).unwrap();
+    let idx = Tensor::<Cpu, 1, Int>::from_data(TensorData::new(vec![2i64, 0, 0, 1], [4]), &device);
+    let picked = pad.clone().select_batch(idx.clone());
+    assert_eq!(picked.dims(), [4, 1, 1, 4]);
+    let rows = |lengths: &[usize]| {
+        bools(&AttnMask::<Cpu>::padding_from_lengths(lengths, 4, &device).unwrap())
+    };
+    assert_eq!(bools(&picked), rows(&[2, 3, 3, 1]));
+    let causal = AttnMask::<Cpu>::causal(3, 3, &device);
+    assert_eq!(bools(&causal.clone().select_batch(idx)), bools(&causal));
+
+    let prefix = pad.clone().narrow_keys(0, 2);
+    assert_eq!(prefix.dims(), [3, 1, 1, 2]);
+    assert_eq!(
+        bools(&prefix),
+        vec![false, false, false, true, false, false]
+    );
+    let tail = pad.clone().narrow_keys(2, 2);
+    assert_eq!(bools(&tail), vec![false, true, true, true, false, true]);
+    let narrow_past_end = std::panic::AssertUnwindSafe(|| pad.narrow_keys(3, 2));
+    let past_end = std::panic::catch_unwind(narrow_past_end);
+    assert!(past_end.is_err());
+}

@@ -318,10 +318,18 @@ fn rotary_and_alibi_cached_equal_full() {
         let mut cache = stack.start();
         let chunks: Vec<_> = [(0, 2), (2, 1), (3, 3)]
             .into_iter()
-            .map(|(s, l)| stack.step(SelfAttentionInput::new(x.clone().narrow(1, s, l)), &mut cache))
+            .map(|(s, l)| {
+                stack.step(
+                    SelfAttentionInput::new(x.clone().narrow(1, s, l)),
+                    &mut cache,
+                )
+            })
             .collect();
         let diff = max_abs_diff(&full, &Tensor::cat(chunks, 1));
-        assert!(diff <= 1e-5, "{positions:?} causal stack: max |diff| {diff}");
+        assert!(
+            diff <= 1e-5,
+            "{positions:?} causal stack: max |diff| {diff}"
+        );
         let mut plain = stack.clone();
         for l in &mut plain.layers {
             l.positions = None;
@@ -339,7 +347,11 @@ fn rotary_and_alibi_cached_equal_full() {
         let full = decoder.forward(DecoderInput::new(x.clone()).memory(&memory));
         let mut cache = decoder.start(&memory, None);
         let steps: Vec<_> = (0..6)
-            .map(|t| decoder.step(DecoderInput::new(x.clone().narrow(1, t, 1)), &mut cache).hidden)
+            .map(|t| {
+                decoder
+                    .step(DecoderInput::new(x.clone().narrow(1, t, 1)), &mut cache)
+                    .hidden
+            })
             .collect();
         let diff = max_abs_diff(&full, &Tensor::cat(steps, 1));
         assert!(diff <= 1e-5, "{positions:?} decoder: max |diff| {diff}");
@@ -353,7 +365,9 @@ fn decoder_cache_reorder_follows_sources() {
     let device = Default::default();
     let mut rng = TestRng::new(6);
     let layer = LayerConfig::new(16, 4, 32).with_dropout(0.0);
-    let decoder = StackConfig::new(layer, 2).init_decoder::<Cpu>(&device).unwrap();
+    let decoder = StackConfig::new(layer, 2)
+        .init_decoder::<Cpu>(&device)
+        .unwrap();
     let memory = rng.tensor::<Cpu, 3>([2, 5, 16], 1.0, &device);
     let mask = AttnMask::padding_from_lengths(&[5, 3], 5, &device).unwrap();
     let x = rng.tensor::<Cpu, 3>([4, 3, 16], 1.0, &device);
@@ -374,13 +388,19 @@ fn decoder_cache_reorder_follows_sources() {
         .hidden;
 
     // The same rows decoded from scratch over the matching memory rows.
-    let idx = |v: &[i64]| Tensor::<Cpu, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device);
+    let idx = |v: &[i64]| {
+        Tensor::<Cpu, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device)
+    };
     let rows = idx(&[1, 1, 3, 2]);
     let x_rows = x.select(0, rows);
     let mem_rows = memory.select(0, idx(&[0, 0, 1, 1]));
     let mask_rows = mask.select_batch(idx(&[0, 0, 1, 1]));
     let expected = decoder
-        .forward(DecoderInput::new(x_rows).memory(&mem_rows).memory_mask(mask_rows))
+        .forward(
+            DecoderInput::new(x_rows)
+                .memory(&mem_rows)
+                .memory_mask(mask_rows),
+        )
         .narrow(1, 2, 1);
     assert!(max_abs_diff(&last, &expected) <= 1e-5);
 
@@ -405,8 +425,14 @@ fn state_dict_reads_half_floats_and_rejects_integers() {
         .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
         .collect();
     let tensors = vec![
-        ("h", TensorView::new(Dtype::F16, vec![2, 3], &f16_bytes).unwrap()),
-        ("b", TensorView::new(Dtype::BF16, vec![2], &bf16_bytes).unwrap()),
+        (
+            "h",
+            TensorView::new(Dtype::F16, vec![2, 3], &f16_bytes).unwrap(),
+        ),
+        (
+            "b",
+            TensorView::new(Dtype::BF16, vec![2], &bf16_bytes).unwrap(),
+        ),
     ];
     let bytes = serialize(tensors, None).unwrap();
     let dict = StateDict::from_bytes(&bytes).unwrap();

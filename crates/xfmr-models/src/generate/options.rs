@@ -181,4 +181,3 @@ impl GenerationOptions {
         Ok(())
     }
 }
-

@@ -325,21 +325,42 @@ fn invalid_options_and_inputs_are_named() {
     assert!(e.to_string().contains("prompt 1 is empty"), "{e}");
 }
 
-/// Probabilities from `step` are a distribution (sanity of the host side).
+/// A hypothesis' `log_prob` is the sum of the model's log-probabilities of its tokens (the end
+/// token included), here recomputed from one teacher-forced pass over the whole output, not
+/// from the cache; greedy ranks by it unchanged.
 #[test]
-fn step_logits_are_finite() {
+fn hypothesis_log_prob_is_the_sum_of_token_log_probs() {
     let device: Device = Default::default();
     let model = tiny_transformer(2);
-    let memory = model.encode(ids::<Cpu>(&sources()[..1], &device)).unwrap();
-    let mut state = model.start(&memory);
-    let step = model
-        .step(&mut state, ids::<Cpu>(&[vec![BOS]], &device), true)
-        .unwrap();
-    let p: f64 = to_vec(&log_softmax(step.logits, 1))
-        .iter()
-        .map(|l| l.exp())
-        .sum();
-    assert!((p - 1.0).abs() < 1e-5);
+    for src in sources() {
+        let g = model.generate(&[src.clone()], BOS, &greedy()).unwrap();
+        let hyp = &g.hypotheses[0][0];
+        let mut scored = hyp.tokens.clone();
+        if hyp.finished {
+            scored.push(EOS);
+        }
+        let tgt_in: Vec<u32> = std::iter::once(BOS)
+            .chain(scored[..scored.len() - 1].iter().copied())
+            .collect();
+        let memory = model.encode(ids::<Cpu>(&[src], &device)).unwrap();
+        let logits = model
+            .decode(ids::<Cpu>(&[tgt_in], &device), &memory)
+            .unwrap();
+        let vocab = logits.dims()[2];
+        let lp = to_vec(&log_softmax(logits, 2));
+        let expected: f64 = scored
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| lp[i * vocab + t as usize])
+            .sum();
+        assert!(expected.is_finite());
+        assert!(
+            (hyp.log_prob - expected).abs() <= 1e-4,
+            "log_prob {} vs recomputed {expected}",
+            hyp.log_prob
+        );
+        assert_eq!(hyp.score, hyp.log_prob);
+    }
 }
 
 /// The same weights generate the same tokens on ndarray and flex (log-probabilities within

@@ -67,9 +67,43 @@ fn bert_import_by_name_and_its_errors() {
     let mut rng = TestRng::new(4);
     let dict = bert_dict(&config, &mut rng);
     let model = hf::load_bert(config.init::<Cpu>(&device).unwrap(), &dict).unwrap();
-    // The word table arrived untransposed, the query projection transposed.
+    // The word table arrives as it is ([vocab, d]); every linear arrives transposed (HF's
+    // [out, in] into burn's [in, out]). Square weights (d × d) would take a wrong transpose
+    // without a shape error: compare values.
+    let d = config.layer.d_model;
     let word = to_vec(&model.token_embedding.weight.val());
-    assert_eq!(word.len(), 30 * 64);
+    let expected: Vec<f64> = dict
+        .get("embeddings.word_embeddings.weight")
+        .unwrap()
+        .1
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect();
+    assert_eq!(word, expected);
+    let transposed = |name: &str, rows: usize, cols: usize| -> Vec<f64> {
+        let (_, values) = dict.get(name).unwrap();
+        (0..cols)
+            .flat_map(|c| (0..rows).map(move |r| f64::from(values[r * cols + c])))
+            .collect()
+    };
+    let layer = &model.encoder.layers[1];
+    for (ours, name) in [
+        (&layer.self_attn.query, "attention.self.query"),
+        (&layer.self_attn.key, "attention.self.key"),
+        (&layer.self_attn.value, "attention.self.value"),
+        (&layer.self_attn.output, "attention.output.dense"),
+    ] {
+        assert_eq!(
+            to_vec(&ours.weight.val()),
+            transposed(&format!("encoder.layer.1.{name}.weight"), d, d),
+            "{name}"
+        );
+    }
+    let ff = config.layer.d_ff;
+    assert_eq!(
+        to_vec(&layer.ffn.linear1.weight.val()),
+        transposed("encoder.layer.1.intermediate.dense.weight", ff, d)
+    );
     let x = ids::<Cpu>(&[vec![2, 7, 9]], &device);
     let a = model.forward(x.clone(), None, None).unwrap();
     let fresh = config.init::<Cpu>(&device).unwrap();

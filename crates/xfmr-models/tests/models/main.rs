@@ -6,6 +6,7 @@ mod generation;
 mod hf;
 mod models;
 mod training;
+mod variants;
 
 use std::sync::Mutex;
 
@@ -45,10 +46,15 @@ pub fn ids<B: Backend>(rows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, In
 /// the input), on which the generation invariants would hold trivially; a little training gives
 /// input-dependent, still uncertain distributions.
 pub fn tiny_transformer(seed: u64) -> Transformer<Cpu> {
-    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
+    trained_transformer(&TransformerConfig::tiny(VOCAB), seed)
+}
+
+/// [`tiny_transformer`] for another configuration (dropout switched off).
+pub fn trained_transformer(config: &TransformerConfig, seed: u64) -> Transformer<Cpu> {
+    let _guard = training_lock();
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let config = TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0));
+    let config = config.clone().map_layer(|l| l.with_dropout(0.0));
     let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let src = ids::<Train>(&src, &train_device);
@@ -69,10 +75,15 @@ pub fn tiny_transformer(seed: u64) -> Transformer<Cpu> {
 
 /// A tiny seeded language model, partly trained on "words, then the words reversed, end".
 pub fn tiny_lm(seed: u64) -> DecoderOnly<Cpu> {
-    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
+    trained_lm(&DecoderOnlyConfig::tiny(VOCAB), seed)
+}
+
+/// [`tiny_lm`] for another configuration (dropout switched off).
+pub fn trained_lm(config: &DecoderOnlyConfig, seed: u64) -> DecoderOnly<Cpu> {
+    let _guard = training_lock();
     let train_device = Default::default();
     <Train as Backend>::seed(&train_device, seed);
-    let config = DecoderOnlyConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0));
+    let config = config.clone().map_layer(|l| l.with_dropout(0.0));
     let mut model = config.init::<Train>(&train_device).unwrap();
     let (src, tgt) = reversal_data(seed);
     let rows: Vec<Vec<u32>> = src
@@ -123,7 +134,7 @@ pub fn training_lock() -> std::sync::MutexGuard<'static, ()> {
 
 /// The same weights on flex (under [`TRAINING`]: flex's generator belongs to the fixtures).
 pub fn transformer_on_flex(model: &Transformer<Cpu>) -> Transformer<Flex> {
-    let _guard = TRAINING.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = training_lock();
     let target = TransformerConfig::tiny(VOCAB)
         .map_layer(|l| l.with_dropout(0.0))
         .init::<Flex>(&Default::default())

@@ -2,13 +2,13 @@
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor};
+use xfmr_attention::AttentionError;
+use xfmr_blocks::{BlockError, LayerConfig};
 use xfmr_models::checkpoint::{self, CONFIG_FILE, WEIGHTS_FILE};
 use xfmr_models::{
     l2_normalize, DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError,
     Pooling, Transformer, TransformerConfig,
 };
-use xfmr_attention::AttentionError;
-use xfmr_blocks::{BlockError, LayerConfig};
 use xfmr_position::PositionError;
 use xfmr_testing::{assert_tensors_close, max_abs_diff, to_vec};
 
