@@ -35,8 +35,8 @@ pub enum BlockError {
     /// A state dict could not be read.
     #[error("cannot read state dict: {0}")]
     Read(String),
-    /// A state-dict tensor of an element type that cannot be read as floats.
-    #[error("tensor `{name}` has element type {dtype}, which cannot be read as floats (F64, F32, F16 and BF16 can)")]
+    /// A state-dict tensor of an element type that cannot be read as floats on its own.
+    #[error("tensor `{name}` has element type {dtype}, which cannot be read as floats without its block scales (floats of 16 bits or more, integers and booleans can)")]
     UnsupportedDtype {
         /// The tensor's name.
         name: String,

@@ -25,18 +25,19 @@ use xfmr_attention::{load_linear_torch, MultiHeadAttention, TorchMhaWeights};
 
 use crate::{BlockError, Decoder, Encoder, FeedForward, ImportReport, Norm};
 
-/// A PyTorch state dict held on the host: tensor name → shape and `f32` values.
+/// A PyTorch state dict held on the host: tensor name → shape and `f32` values (and the element
+/// type the file stored).
 #[derive(Debug, Clone, Default)]
 pub struct StateDict {
     tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    dtypes: BTreeMap<String, String>,
 }
 
 impl StateDict {
-    /// Reads a safetensors file. F32, F64, F16 and BF16 tensors are read as `f32` (and converted
-    /// to the model's float type when imported); any other element type is an error.
+    /// Reads a safetensors file. See [`from_bytes`](Self::from_bytes) for the element types read.
     ///
     /// # Errors
-    /// [`BlockError::Read`] naming the file and the problem.
+    /// [`BlockError::Read`] naming the file and the problem; [`BlockError::UnsupportedDtype`].
     pub fn from_file(path: &Path) -> Result<Self, BlockError> {
         let bytes = std::fs::read(path)
             .map_err(|e| BlockError::Read(format!("{}: {e}", path.display())))?;
@@ -46,14 +47,21 @@ impl StateDict {
         })
     }
 
-    /// Parses safetensors bytes.
+    /// Parses safetensors bytes. Every tensor is held as `f32`:
+    ///
+    /// - F32 as is; F16 and BF16 exactly (every half value is an `f32` value); F64 rounded;
+    /// - integer and boolean tensors (buffers such as BERT's `position_ids`, masks saved beside
+    ///   the weights) as their values, exact up to 2²⁴ in magnitude; BOOL as 0 or 1.
+    ///
+    /// [`dtype`](Self::dtype) says what the file stored.
     ///
     /// # Errors
     /// [`BlockError::Read`] if the bytes are not safetensors; [`BlockError::UnsupportedDtype`]
-    /// naming the first tensor of an integer, boolean or 8-bit float type.
+    /// naming the first tensor of an 8-bit or smaller float type (FP8, MXF4, MXF6), which would
+    /// need its block scales to mean anything.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, BlockError> {
         let st = SafeTensors::deserialize(bytes).map_err(|e| BlockError::Read(format!("{e:?}")))?;
-        let mut tensors = BTreeMap::new();
+        let mut dict = Self::default();
         for (name, view) in st.tensors() {
             let data = view.data();
             let values: Vec<f32> = match view.dtype() {
@@ -73,6 +81,33 @@ impl StateDict {
                     .chunks_exact(2)
                     .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
                     .collect(),
+                Dtype::BOOL => data.iter().map(|&b| f32::from(u8::from(b != 0))).collect(),
+                Dtype::U8 => data.iter().map(|&b| f32::from(b)).collect(),
+                Dtype::I8 => data.iter().map(|&b| f32::from(b as i8)).collect(),
+                Dtype::I16 => data
+                    .chunks_exact(2)
+                    .map(|c| f32::from(i16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+                Dtype::U16 => data
+                    .chunks_exact(2)
+                    .map(|c| f32::from(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+                Dtype::I32 => data
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                    .collect(),
+                Dtype::U32 => data
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32)
+                    .collect(),
+                Dtype::I64 => data
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                    .collect(),
+                Dtype::U64 => data
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+                    .collect(),
                 other => {
                     return Err(BlockError::UnsupportedDtype {
                         name,
@@ -80,9 +115,17 @@ impl StateDict {
                     })
                 }
             };
-            tensors.insert(name, (view.shape().to_vec(), values));
+            dict.dtypes
+                .insert(name.clone(), format!("{:?}", view.dtype()));
+            dict.tensors.insert(name, (view.shape().to_vec(), values));
         }
-        Ok(Self { tensors })
+        Ok(dict)
+    }
+
+    /// The element type a tensor had in the file it was read from, as safetensors names it
+    /// (`"F16"`, `"I64"`, ...); `None` for an absent tensor or one added by [`insert`](Self::insert).
+    pub fn dtype(&self, name: &str) -> Option<&str> {
+        self.dtypes.get(name).map(String::as_str)
     }
 
     /// Adds or replaces a tensor (row-major values).
@@ -95,11 +138,14 @@ impl StateDict {
             values.len(),
             "StateDict::insert: shape and values disagree"
         );
-        self.tensors.insert(name.into(), (shape, values));
+        let name = name.into();
+        self.dtypes.remove(&name);
+        self.tensors.insert(name, (shape, values));
     }
 
     /// Removes a tensor.
     pub fn remove(&mut self, name: &str) -> bool {
+        self.dtypes.remove(name);
         self.tensors.remove(name).is_some()
     }
 

@@ -4,18 +4,15 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use xfmr_blocks::BlockError;
-use xfmr_position::PositionError;
 
 /// What can go wrong building, running, saving or loading a model.
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ModelError {
-    /// From the blocks (sizes, dropout, weight import).
+    /// From the blocks (sizes, dropout, weight import, positions: a sequence longer than a
+    /// learned table is `Block(BlockError::Position(..))`).
     #[error(transparent)]
     Block(#[from] BlockError),
-    /// From the positional encodings (e.g. a sequence longer than a learned table).
-    #[error(transparent)]
-    Position(#[from] PositionError),
     /// A configuration value out of its range.
     #[error("invalid configuration: `{field}` = {value}: {expected}")]
     InvalidConfig {

@@ -383,16 +383,19 @@ fn decoder_cache_reorder_follows_sources() {
     cache.reorder(&order);
     assert_eq!(cache.memory.sources(), &[0, 0, 1, 1]);
     assert!(max_abs_diff(cache.memory.layers[0].keys().unwrap(), &keys_before) == 0.0);
-    let last = decoder
-        .step(DecoderInput::new(x.clone().narrow(1, 2, 1)), &mut cache)
-        .hidden;
-
     // The same rows decoded from scratch over the matching memory rows.
     let idx = |v: &[i64]| {
         Tensor::<Cpu, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), &device)
     };
-    let rows = idx(&[1, 1, 3, 2]);
-    let x_rows = x.select(0, rows);
+    let x_rows = x.select(0, idx(&[1, 1, 3, 2]));
+    // The last step feeds each surviving hypothesis its own next token, in the new order.
+    let last = decoder
+        .step(
+            DecoderInput::new(x_rows.clone().narrow(1, 2, 1)),
+            &mut cache,
+        )
+        .hidden;
+
     let mem_rows = memory.select(0, idx(&[0, 0, 1, 1]));
     let mask_rows = mask.select_batch(idx(&[0, 0, 1, 1]));
     let expected = decoder
@@ -410,9 +413,10 @@ fn decoder_cache_reorder_follows_sources() {
     assert_eq!(cache.memory.mask.as_ref().unwrap().dims()[0], 4);
 }
 
-/// F16 and BF16 tensors are read exactly as f32; an integer tensor is a typed error naming it.
+/// F16 and BF16 tensors are read exactly as f32, integer and boolean buffers as their values;
+/// an 8-bit float tensor is a typed error naming it.
 #[test]
-fn state_dict_reads_half_floats_and_rejects_integers() {
+fn state_dict_reads_half_floats_and_integers_and_rejects_fp8() {
     use safetensors::tensor::{serialize, TensorView};
     use safetensors::Dtype;
     // 1.0, -2.5, 65504 (largest f16), 2^-24 (smallest subnormal), -0.0, 0.333251953125
@@ -443,16 +447,39 @@ fn state_dict_reads_half_floats_and_rejects_integers() {
     }
     assert_eq!(dict.get("b").unwrap().1, &[1.0, -2.5]);
 
-    let ints: Vec<u8> = [7i32, 8].iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(dict.dtype("h"), Some("F16"));
+
+    let ints: Vec<u8> = [7i64, -8, 1 << 24]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let flags = [1u8, 0];
     let bytes = serialize(
-        vec![("ids", TensorView::new(Dtype::I32, vec![2], &ints).unwrap())],
+        vec![
+            ("ids", TensorView::new(Dtype::I64, vec![3], &ints).unwrap()),
+            (
+                "mask",
+                TensorView::new(Dtype::BOOL, vec![2], &flags).unwrap(),
+            ),
+        ],
+        None,
+    )
+    .unwrap();
+    let dict = StateDict::from_bytes(&bytes).unwrap();
+    assert_eq!(dict.get("ids").unwrap().1, &[7.0, -8.0, 16_777_216.0]);
+    assert_eq!(dict.dtype("ids"), Some("I64"));
+    assert_eq!(dict.get("mask").unwrap().1, &[1.0, 0.0]);
+
+    let fp8 = [0x38u8, 0x40];
+    let bytes = serialize(
+        vec![("q", TensorView::new(Dtype::F8_E4M3, vec![2], &fp8).unwrap())],
         None,
     )
     .unwrap();
     match StateDict::from_bytes(&bytes) {
         Err(BlockError::UnsupportedDtype { name, dtype }) => {
-            assert_eq!(name, "ids");
-            assert_eq!(dtype, "I32");
+            assert_eq!(name, "q");
+            assert_eq!(dtype, "F8_E4M3");
         }
         other => panic!("expected UnsupportedDtype, got {other:?}"),
     }

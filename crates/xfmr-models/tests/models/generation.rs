@@ -333,7 +333,9 @@ fn hypothesis_log_prob_is_the_sum_of_token_log_probs() {
     let device: Device = Default::default();
     let model = tiny_transformer(2);
     for src in sources() {
-        let g = model.generate(&[src.clone()], BOS, &greedy()).unwrap();
+        let g = model
+            .generate(std::slice::from_ref(&src), BOS, &greedy())
+            .unwrap();
         let hyp = &g.hypotheses[0][0];
         let mut scored = hyp.tokens.clone();
         if hyp.finished {

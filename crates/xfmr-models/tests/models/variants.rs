@@ -132,14 +132,19 @@ fn encoder_decoder_variants_cache_equals_full() {
         .into_iter()
         .enumerate()
     {
-        let config = TransformerConfig::tiny(VOCAB).with_layer(layer);
+        let config = TransformerConfig {
+            layer,
+            ..TransformerConfig::tiny(VOCAB)
+        };
         let model = trained_transformer(&config, 20 + i as u64);
         check_transformer(&model, name);
         // A batch equals its rows one by one (right-padded sources).
         let options = GenerationOptions::greedy(MAX_LEN, EOS, PAD);
         let batch = model.generate(&sources(), BOS, &options).unwrap();
         for (row, src) in sources().iter().enumerate() {
-            let alone = model.generate(&[src.clone()], BOS, &options).unwrap();
+            let alone = model
+                .generate(std::slice::from_ref(src), BOS, &options)
+                .unwrap();
             assert_eq!(
                 batch.hypotheses[row][0].tokens, alone.hypotheses[0][0].tokens,
                 "{name}: row {row}"
@@ -154,14 +159,19 @@ fn decoder_only_variants_cache_equals_full_and_left_padding_is_invisible() {
         .into_iter()
         .enumerate()
     {
-        let config = DecoderOnlyConfig::tiny(VOCAB).with_layer(layer);
+        let config = DecoderOnlyConfig {
+            layer,
+            ..DecoderOnlyConfig::tiny(VOCAB)
+        };
         let model = trained_lm(&config, 30 + i as u64);
         check_lm(&model, name);
         // Relative positions see only offsets: a left-padded row decodes as it would alone.
         let options = GenerationOptions::greedy(MAX_LEN, EOS, PAD);
         let batch = model.generate(&sources(), &options).unwrap();
         for (row, prompt) in sources().iter().enumerate() {
-            let alone = model.generate(&[prompt.clone()], &options).unwrap();
+            let alone = model
+                .generate(std::slice::from_ref(prompt), &options)
+                .unwrap();
             assert_eq!(
                 batch.hypotheses[row][0].tokens, alone.hypotheses[0][0].tokens,
                 "{name}: row {row}"
@@ -181,13 +191,15 @@ fn encoder_only_variants_padding_invariant_and_checkpointed() {
     let device: Device = Default::default();
     let dir = tempfile::tempdir().unwrap();
     for (name, layer) in variants(EncoderOnlyConfig::tiny(VOCAB).layer) {
-        let config = EncoderOnlyConfig::tiny(VOCAB)
-            .with_layer(layer.with_dropout(0.0).with_attention_dropout(0.0))
-            .with_pooler(false);
+        let config = EncoderOnlyConfig {
+            layer: layer.with_dropout(0.0).with_attention_dropout(0.0),
+            ..EncoderOnlyConfig::tiny(VOCAB)
+        }
+        .with_pooler(false);
         let model: EncoderOnly<Cpu> = config.init(&device).unwrap();
         let short = vec![5u32, 9, 3];
         let padded = vec![5u32, 9, 3, PAD, PAD];
-        let x = ids::<Cpu>(&[padded.clone()], &device);
+        let x = ids::<Cpu>(std::slice::from_ref(&padded), &device);
         let mask = model.padding_mask(x.clone());
         let with_pad = model.forward(x, None, Some(&mask)).unwrap().narrow(1, 0, 3);
         let plain = model
