@@ -1,0 +1,18 @@
+//! The paper's main job on xfmr models: train an encoder-decoder translation model, translate,
+//! evaluate.
+//!
+//! - [`metrics`]: corpus and sentence BLEU and chrF, as sacreBLEU 2.6 computes them.
+//! - [`data`]: `source<TAB>target` corpora, a split that keeps near-duplicates on one side,
+//!   batches by token count.
+//! - [`loss`]: the label-smoothed cross-entropy of §5.4 with padding left out of the average and
+//!   of the smoothing mass, and the warm-up / inverse-square-root learning rate of §5.3.
+//! - [`tokenizer`]: the shared BPE vocabulary, learnt on the training split.
+//!
+//! This crate sits above `xfmr-models` and below the CLI (see `docs/ARCHITECTURE.md`).
+
+pub mod data;
+pub mod loss;
+pub mod metrics;
+pub mod tokenizer;
+
+pub use metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, BleuScore, MetricError};

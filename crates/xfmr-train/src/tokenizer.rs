@@ -1,0 +1,225 @@
+//! The shared source/target subword vocabulary (§5.1: "byte-pair encoding, which has a shared
+//! source-target vocabulary"), learnt with the `tokenizers` crate's BPE trainer on the training
+//! split and saved as a standard `tokenizer.json` beside the checkpoint.
+//!
+//! Text is NFC-normalised; spaces become `▁` (SentencePiece's metaspace) and punctuation is split
+//! off, so decoding is the exact inverse of encoding up to whitespace runs: what the model
+//! writes comes back as detokenised text, ready for sacreBLEU-style scoring.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+use tokenizers::decoders::metaspace::Metaspace as MetaspaceDecoder;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::normalizers::unicode::NFC;
+use tokenizers::pre_tokenizers::metaspace::Metaspace;
+use tokenizers::pre_tokenizers::punctuation::Punctuation;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::{
+    AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+    Tokenizer, TokenizerBuilder,
+};
+
+/// Padding token, id 0.
+pub const PAD: &str = "<pad>";
+/// Start of a target sequence, id 1.
+pub const BOS: &str = "<s>";
+/// End of a sequence, id 2.
+pub const EOS: &str = "</s>";
+/// Unknown token (a character never seen in training), id 3.
+pub const UNK: &str = "<unk>";
+
+/// What can go wrong learning, saving or loading a vocabulary.
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    /// The `tokenizers` crate failed (training, encoding, decoding).
+    #[error("tokenizer: {0}")]
+    Tokenizers(String),
+    /// A vocabulary file that cannot be read or is not a tokenizer of this kind.
+    #[error("{}: {problem}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    IdOutOfRange {
+        /// The id.
+        id: usize,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+}
+
+/// A shared BPE vocabulary with the four special tokens at ids 0–3.
+#[derive(Clone)]
+pub struct SubwordTokenizer {
+    inner: Tokenizer,
+}
+
+impl std::fmt::Debug for SubwordTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubwordTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+impl SubwordTokenizer {
+    /// Learns a BPE vocabulary of at most `vocab_size` tokens (merges of pairs seen at least
+    /// twice) from `sentences`, source and target sides together.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Tokenizers`] if training fails.
+    pub fn train<S: AsRef<str> + Send>(
+        sentences: impl Iterator<Item = S> + Send,
+        vocab_size: usize,
+    ) -> Result<Self, TokenizerError> {
+        let err = |e: tokenizers::Error| TokenizerError::Tokenizers(e.to_string());
+        let model = BPE::builder().unk_token(UNK.into()).build().map_err(err)?;
+        let pre: PreTokenizerWrapper = Sequence::new(vec![
+            Metaspace::default().into(),
+            Punctuation::default().into(),
+        ])
+        .into();
+        let mut tokenizer = TokenizerBuilder::<
+            BPE,
+            NormalizerWrapper,
+            PreTokenizerWrapper,
+            PostProcessorWrapper,
+            DecoderWrapper,
+        >::new()
+        .with_model(model)
+        .with_normalizer(Some(NFC.into()))
+        .with_pre_tokenizer(Some(pre))
+        .with_decoder(Some(MetaspaceDecoder::default().into()))
+        .build()
+        .map_err(err)?;
+        let specials = [PAD, BOS, EOS, UNK]
+            .iter()
+            .map(|t| AddedToken::from(*t, true))
+            .collect();
+        let mut trainer = BpeTrainerBuilder::new()
+            .vocab_size(vocab_size)
+            .min_frequency(2)
+            .special_tokens(specials)
+            .show_progress(false)
+            .build();
+        tokenizer.train(&mut trainer, sentences).map_err(err)?;
+        Self::checked(tokenizer.into(), None)
+    }
+
+    /// Checks the special tokens sit at ids 0–3.
+    fn checked(inner: Tokenizer, path: Option<&Path>) -> Result<Self, TokenizerError> {
+        for (id, token) in [PAD, BOS, EOS, UNK].iter().enumerate() {
+            if inner.token_to_id(token) != Some(id as u32) {
+                let problem = format!("special token {token} is not id {id}");
+                return Err(match path {
+                    Some(p) => TokenizerError::File {
+                        path: p.to_owned(),
+                        problem,
+                    },
+                    None => TokenizerError::Tokenizers(problem),
+                });
+            }
+        }
+        Ok(Self { inner })
+    }
+
+    /// Loads a `tokenizer.json` written by [`save`](Self::save).
+    ///
+    /// # Errors
+    /// [`TokenizerError::File`] naming the file (missing, unreadable, not a tokenizer, special
+    /// tokens elsewhere than ids 0–3).
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        let inner = Tokenizer::from_file(path).map_err(|e| TokenizerError::File {
+            path: path.to_owned(),
+            problem: e.to_string(),
+        })?;
+        Self::checked(inner, Some(path))
+    }
+
+    /// Saves as `tokenizer.json` content at `path`, atomically (a temporary file, then a rename).
+    ///
+    /// # Errors
+    /// [`TokenizerError::File`] naming the file.
+    pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
+        let file_err = |problem: String| TokenizerError::File {
+            path: path.to_owned(),
+            problem,
+        };
+        let json = self
+            .inner
+            .to_string(false)
+            .map_err(|e| file_err(e.to_string()))?;
+        xfmr_models::checkpoint::write_atomic(path, json.as_bytes())
+            .map_err(|e| file_err(e.to_string()))
+    }
+
+    /// Number of tokens, special ones included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Id of [`PAD`].
+    pub fn pad_id(&self) -> usize {
+        0
+    }
+
+    /// Id of [`BOS`].
+    pub fn bos_id(&self) -> usize {
+        1
+    }
+
+    /// Id of [`EOS`].
+    pub fn eos_id(&self) -> usize {
+        2
+    }
+
+    /// Subword ids of `text` (no special tokens added).
+    ///
+    /// # Errors
+    /// [`TokenizerError::Tokenizers`] if encoding fails.
+    pub fn encode(&self, text: &str) -> Result<Vec<usize>, TokenizerError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Tokenizers(e.to_string()))?;
+        Ok(encoding.get_ids().iter().map(|&i| i as usize).collect())
+    }
+
+    /// The subword strings of `text`, as the model sees them.
+    ///
+    /// # Errors
+    /// [`TokenizerError::Tokenizers`] if encoding fails.
+    pub fn pieces(&self, text: &str) -> Result<Vec<String>, TokenizerError> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| TokenizerError::Tokenizers(e.to_string()))?;
+        Ok(encoding.get_tokens().to_vec())
+    }
+
+    /// Detokenised text of `ids`, special tokens left out.
+    ///
+    /// # Errors
+    /// [`TokenizerError::IdOutOfRange`] for an id outside the vocabulary.
+    pub fn decode(&self, ids: &[usize]) -> Result<String, TokenizerError> {
+        let vocab = self.vocab_size();
+        let ids = ids
+            .iter()
+            .map(|&id| {
+                if id < vocab {
+                    Ok(id as u32)
+                } else {
+                    Err(TokenizerError::IdOutOfRange { id, vocab })
+                }
+            })
+            .collect::<Result<Vec<u32>, _>>()?;
+        self.inner
+            .decode(&ids, true)
+            .map_err(|e| TokenizerError::Tokenizers(e.to_string()))
+    }
+}

@@ -1,0 +1,126 @@
+//! The label-smoothed loss and the learning-rate schedule against their formulas, computed on
+//! the host in f64 from the same inputs.
+
+use burn::backend::NdArray;
+use burn::lr_scheduler::LrScheduler;
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_train::loss::{label_smoothed_loss, noam_schedule};
+
+type B = NdArray<f32>;
+
+/// A small deterministic generator (splitmix64), so the inputs need no global seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
+        })
+        .collect()
+}
+
+/// `L = Σ_t [−(1−ε) log p(y_t) − ε/(V−2) Σ_{v∉{y_t,pad}} log p(v)] / #non-pad`, and the NLL.
+fn host_loss(logits: &[f32], targets: &[i64], vocab: usize, pad: usize, eps: f64) -> (f64, f64) {
+    let (mut loss, mut nll, mut count) = (0.0, 0.0, 0usize);
+    for (t, &y) in targets.iter().enumerate() {
+        if y as usize == pad {
+            continue;
+        }
+        let row: Vec<f64> = logits[t * vocab..(t + 1) * vocab]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let log_z = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let lp = |v: usize| row[v] - log_z;
+        let others: f64 = (0..vocab)
+            .filter(|&v| v != y as usize && v != pad)
+            .map(lp)
+            .sum();
+        loss += -(1.0 - eps) * lp(y as usize) - eps / (vocab - 2) as f64 * others;
+        nll += -lp(y as usize);
+        count += 1;
+    }
+    (loss / count as f64, nll / count as f64)
+}
+
+#[test]
+fn label_smoothed_loss_equals_its_formula() {
+    let device = Default::default();
+    let (batch, seq, vocab, pad) = (3, 5, 11, 0);
+    let logits = values(batch * seq * vocab, 7);
+    // Row 1 ends in padding, row 2 is padding after its first token.
+    let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
+    for eps in [0.0, 0.1, 0.3] {
+        let out = label_smoothed_loss(
+            Tensor::<B, 3>::from_data(
+                TensorData::new(logits.clone(), [batch, seq, vocab]),
+                &device,
+            ),
+            Tensor::<B, 2, Int>::from_data(TensorData::new(targets.clone(), [batch, seq]), &device),
+            pad,
+            eps,
+        );
+        let (want_loss, want_nll) = host_loss(&logits, &targets, vocab, pad, eps);
+        let loss = f64::from(out.loss.into_scalar());
+        let nll = f64::from(out.nll.into_scalar());
+        // f32 log-softmax over 11 logits in [-3, 3]: a few ulps of values near 3.
+        assert!(
+            (loss - want_loss).abs() <= 1e-5,
+            "ε={eps}: loss {loss} vs {want_loss}"
+        );
+        assert!(
+            (nll - want_nll).abs() <= 1e-5,
+            "ε={eps}: nll {nll} vs {want_nll}"
+        );
+        assert_eq!(out.tokens, 9);
+    }
+}
+
+/// Padding changes nothing: appending padded positions (with any logits) leaves loss and NLL.
+#[test]
+fn label_smoothed_loss_ignores_padding_positions() {
+    let device = Default::default();
+    let vocab = 7;
+    let logits = values(2 * 6 * vocab, 11);
+    let short: Vec<i64> = vec![3, 4, 5, 6];
+    let long: Vec<i64> = vec![3, 4, 1, 1, 1, 1, 5, 6, 1, 1, 1, 1];
+    let short_logits: Vec<f32> = [&logits[..2 * vocab], &logits[6 * vocab..8 * vocab]].concat();
+    let run = |l: Vec<f32>, t: Vec<i64>, seq: usize| {
+        let out = label_smoothed_loss(
+            Tensor::<B, 3>::from_data(TensorData::new(l, [2, seq, vocab]), &device),
+            Tensor::<B, 2, Int>::from_data(TensorData::new(t, [2, seq]), &device),
+            1,
+            0.1,
+        );
+        (f64::from(out.loss.into_scalar()), out.tokens)
+    };
+    let (a, na) = run(short_logits, short, 2);
+    let (b, nb) = run(logits, long, 6);
+    assert_eq!(na, nb);
+    assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+}
+
+/// `lrate = factor · d^−0.5 · min(step^−0.5, step · warmup^−1.5)` at every step through the
+/// warm-up, its peak and the decay.
+#[test]
+fn schedule_equals_the_papers_formula() {
+    let (factor, d_model, warmup) = (2.0, 512usize, 400usize);
+    let mut schedule = noam_schedule(factor, d_model, warmup).unwrap();
+    for step in 1..=2000usize {
+        let lr = schedule.step();
+        let s = step as f64;
+        let want = factor
+            * (d_model as f64).powf(-0.5)
+            * f64::min(s.powf(-0.5), s * (warmup as f64).powf(-1.5));
+        assert!(
+            (lr - want).abs() <= 1e-12 * want,
+            "step {step}: {lr} vs {want}"
+        );
+    }
+    assert!(noam_schedule(1.0, 512, 0).is_err());
+}
