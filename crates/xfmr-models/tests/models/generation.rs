@@ -2,12 +2,15 @@
 
 use burn::tensor::activation::log_softmax;
 use xfmr_models::{
-    generate::length_penalty, BeamOptions, Generation, GenerationOptions, IncrementalDecoder,
-    ModelError, SampleOptions, Strategy,
+    generate::length_penalty, BeamOptions, Generation, GenerationOptions, ModelError,
+    SampleOptions, Strategy,
 };
-use xfmr_testing::{assert_close_slices, to_vec};
+use xfmr_testing::to_vec;
 
-use crate::{ids, sources, tiny_lm, tiny_transformer, Cpu, Device, BOS, EOS, PAD};
+use crate::{
+    greedy_by_steps_lm, greedy_by_steps_transformer, ids, sources, tiny_lm, tiny_transformer, Cpu,
+    Device, BOS, EOS, PAD,
+};
 
 const MAX_LEN: usize = 12;
 
@@ -84,36 +87,9 @@ fn beam_one_equals_greedy() {
 /// recomputation over the whole prefix.
 #[test]
 fn cached_steps_equal_full_recomputation() {
-    let device: Device = Default::default();
     let model = tiny_transformer(7);
-    let src = ids::<Cpu>(&[sources()[0].clone()], &device);
-    let memory = model.encode(src).unwrap();
-    let mut state = model.start(&memory);
-    let mut prefix = vec![BOS];
-    let mut next = ids::<Cpu>(&[vec![BOS]], &device);
-    for _ in 0..MAX_LEN {
-        let step = model.step(&mut state, next, false).unwrap();
-        let full = model
-            .decode(ids::<Cpu>(&[prefix.clone()], &device), &memory)
-            .unwrap();
-        let [_, len, vocab] = full.dims();
-        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
-        assert_close_slices(
-            &to_vec(&step.logits),
-            &step.logits.dims(),
-            &to_vec(&last),
-            &last.dims(),
-            1e-4,
-            0.0,
-            "cached step logits vs full prefix",
-        );
-        let logits = to_vec(&step.logits);
-        let token = (0..vocab)
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-            .unwrap() as u32;
-        prefix.push(token);
-        next = ids::<Cpu>(&[vec![token]], &device);
-    }
+    let prefix =
+        greedy_by_steps_transformer(&model, sources()[0].clone(), MAX_LEN, "encoder-decoder");
     // The same tokens come out of the generation API.
     let g = model
         .generate(&[sources()[0].clone()], BOS, &greedy())
@@ -122,32 +98,7 @@ fn cached_steps_equal_full_recomputation() {
     assert_eq!(g.hypotheses[0][0].tokens, prefix[1..=n].to_vec());
 
     // Decoder-only: the prompt in one step, then one token at a time.
-    let lm = tiny_lm(7);
-    let prompt = sources()[2].clone();
-    let mut state = lm.start(1);
-    let mut prefix = prompt.clone();
-    let mut next = ids::<Cpu>(&[prompt], &device);
-    for _ in 0..MAX_LEN {
-        let step = lm.step(&mut state, next, false).unwrap();
-        let full = lm.forward(ids::<Cpu>(&[prefix.clone()], &device)).unwrap();
-        let [_, len, vocab] = full.dims();
-        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
-        assert_close_slices(
-            &to_vec(&step.logits),
-            &step.logits.dims(),
-            &to_vec(&last),
-            &last.dims(),
-            1e-4,
-            0.0,
-            "decoder-only cached step logits vs full prefix",
-        );
-        let logits = to_vec(&step.logits);
-        let token = (0..vocab)
-            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
-            .unwrap() as u32;
-        prefix.push(token);
-        next = ids::<Cpu>(&[vec![token]], &device);
-    }
+    greedy_by_steps_lm(&tiny_lm(7), sources()[2].clone(), MAX_LEN, "decoder-only");
 }
 
 #[test]

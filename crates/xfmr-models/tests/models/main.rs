@@ -16,9 +16,10 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{
-    cross_entropy, shift_right, DecoderOnly, DecoderOnlyConfig, Transformer, TransformerConfig,
+    cross_entropy, shift_right, DecoderOnly, DecoderOnlyConfig, IncrementalDecoder, Transformer,
+    TransformerConfig,
 };
-use xfmr_testing::TestRng;
+use xfmr_testing::{assert_close_slices, to_vec, TestRng};
 
 /// Default CPU backend.
 pub type Cpu = NdArray<f32>;
@@ -183,4 +184,74 @@ fn reversal_data(seed: u64) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
 /// Source sentences of different lengths.
 pub fn sources() -> Vec<Vec<u32>> {
     vec![vec![5, 9, 3, 17, 11, 4], vec![8, 13], vec![21, 6, 6, 10]]
+}
+
+/// Greedy decoding by hand through the encoder-decoder's `step`, `steps` tokens after `BOS`: each
+/// step's logits must equal the last row of a full recomputation over the prefix (≤ 1e-4).
+/// Returns the prefix (`BOS`, then the chosen tokens).
+pub fn greedy_by_steps_transformer(
+    model: &Transformer<Cpu>,
+    src: Vec<u32>,
+    steps: usize,
+    what: &str,
+) -> Vec<u32> {
+    let device: Device = Default::default();
+    let memory = model.encode(ids::<Cpu>(&[src], &device)).unwrap();
+    let mut state = model.start(&memory);
+    let mut prefix = vec![BOS];
+    let mut next = ids::<Cpu>(&[vec![BOS]], &device);
+    for _ in 0..steps {
+        let step = model.step(&mut state, next, false).unwrap();
+        let full = model
+            .decode(ids::<Cpu>(&[prefix.clone()], &device), &memory)
+            .unwrap();
+        let token = step_equals_last_row(&step.logits, full, what);
+        prefix.push(token);
+        next = ids::<Cpu>(&[vec![token]], &device);
+    }
+    prefix
+}
+
+/// As [`greedy_by_steps_transformer`] for the decoder-only model: the prompt in one step, then
+/// one token at a time. Returns the prompt followed by the chosen tokens.
+pub fn greedy_by_steps_lm(
+    model: &DecoderOnly<Cpu>,
+    prompt: Vec<u32>,
+    steps: usize,
+    what: &str,
+) -> Vec<u32> {
+    let device: Device = Default::default();
+    let mut state = model.start(1);
+    let mut prefix = prompt.clone();
+    let mut next = ids::<Cpu>(&[prompt], &device);
+    for _ in 0..steps {
+        let step = model.step(&mut state, next, false).unwrap();
+        let full = model
+            .forward(ids::<Cpu>(&[prefix.clone()], &device))
+            .unwrap();
+        let token = step_equals_last_row(&step.logits, full, what);
+        prefix.push(token);
+        next = ids::<Cpu>(&[vec![token]], &device);
+    }
+    prefix
+}
+
+/// Asserts a step's `[1, vocab]` logits equal the last row of a full pass `[1, len, vocab]`
+/// (≤ 1e-4) and returns the step's argmax, the first on ties (as greedy generation chooses).
+fn step_equals_last_row(step: &Tensor<Cpu, 2>, full: Tensor<Cpu, 3>, what: &str) -> u32 {
+    let [_, len, vocab] = full.dims();
+    let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
+    let logits = to_vec(step);
+    assert_close_slices(
+        &logits,
+        &step.dims(),
+        &to_vec(&last),
+        &last.dims(),
+        1e-4,
+        0.0,
+        &format!("{what}: cached step logits vs full prefix"),
+    );
+    (0..vocab)
+        .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+        .unwrap() as u32
 }

@@ -9,12 +9,15 @@ use xfmr_blocks::{
 };
 use xfmr_models::checkpoint;
 use xfmr_models::{
-    DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, GenerationOptions,
-    IncrementalDecoder, Transformer, TransformerConfig,
+    DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, GenerationOptions, Transformer,
+    TransformerConfig,
 };
-use xfmr_testing::{assert_close_slices, assert_tensors_close, to_vec};
+use xfmr_testing::assert_tensors_close;
 
-use crate::{ids, sources, trained_lm, trained_transformer, Cpu, Device, BOS, EOS, PAD, VOCAB};
+use crate::{
+    greedy_by_steps_lm, greedy_by_steps_transformer, ids, sources, trained_lm, trained_transformer,
+    Cpu, Device, BOS, EOS, PAD, VOCAB,
+};
 
 const MAX_LEN: usize = 10;
 
@@ -54,43 +57,10 @@ fn variants(base: LayerConfig) -> Vec<(&'static str, LayerConfig)> {
     ]
 }
 
-fn argmax(row: &[f64]) -> u32 {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]).then(b.cmp(&a)))
-        .unwrap() as u32
-}
-
-/// Greedy by hand through `step`, each step's logits against the last row of a full pass.
+/// Cached greedy steps equal the full recomputation, and the decoder is not degenerate.
 fn check_transformer(model: &Transformer<Cpu>, what: &str) {
-    let device: Device = Default::default();
-    let src = sources()[0].clone();
-    let memory = model.encode(ids::<Cpu>(&[src], &device)).unwrap();
-    let mut state = model.start(&memory);
-    let mut prefix = vec![BOS];
-    let mut next = ids::<Cpu>(&[vec![BOS]], &device);
-    let mut distinct = std::collections::BTreeSet::new();
-    for _ in 0..MAX_LEN {
-        let step = model.step(&mut state, next, false).unwrap();
-        let full = model
-            .decode(ids::<Cpu>(&[prefix.clone()], &device), &memory)
-            .unwrap();
-        let [_, len, vocab] = full.dims();
-        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
-        let logits = to_vec(&step.logits);
-        assert_close_slices(
-            &logits,
-            &[1, vocab],
-            &to_vec(&last),
-            &[1, vocab],
-            1e-4,
-            0.0,
-            &format!("{what}: cached step vs full prefix"),
-        );
-        let token = argmax(&logits);
-        distinct.insert(token);
-        prefix.push(token);
-        next = ids::<Cpu>(&[vec![token]], &device);
-    }
+    let prefix = greedy_by_steps_transformer(model, sources()[0].clone(), MAX_LEN, what);
+    let distinct: std::collections::BTreeSet<u32> = prefix[1..].iter().copied().collect();
     assert!(
         distinct.len() > 1,
         "{what}: a degenerate decoder ({prefix:?})"
@@ -98,32 +68,7 @@ fn check_transformer(model: &Transformer<Cpu>, what: &str) {
 }
 
 fn check_lm(model: &DecoderOnly<Cpu>, what: &str) {
-    let device: Device = Default::default();
-    let prompt = sources()[2].clone();
-    let mut state = model.start(1);
-    let mut prefix = prompt.clone();
-    let mut next = ids::<Cpu>(&[prompt], &device);
-    for _ in 0..MAX_LEN {
-        let step = model.step(&mut state, next, false).unwrap();
-        let full = model
-            .forward(ids::<Cpu>(&[prefix.clone()], &device))
-            .unwrap();
-        let [_, len, vocab] = full.dims();
-        let last = full.narrow(1, len - 1, 1).reshape([1, vocab]);
-        let logits = to_vec(&step.logits);
-        assert_close_slices(
-            &logits,
-            &[1, vocab],
-            &to_vec(&last),
-            &[1, vocab],
-            1e-4,
-            0.0,
-            &format!("{what}: cached step vs full prefix"),
-        );
-        let token = argmax(&logits);
-        prefix.push(token);
-        next = ids::<Cpu>(&[vec![token]], &device);
-    }
+    greedy_by_steps_lm(model, sources()[2].clone(), MAX_LEN, what);
 }
 
 #[test]
