@@ -7,6 +7,10 @@
 //! - [`loss`]: the label-smoothed cross-entropy of §5.4 with padding left out of the average and
 //!   of the smoothing mass, and the warm-up / inverse-square-root learning rate of §5.3.
 //! - [`tokenizer`]: the shared BPE vocabulary, learnt on the training split.
+//! - [`trainer`]: the training loop (burn's Adam, Noam schedule and gradient accumulator),
+//!   checkpoints that resume exactly, checkpoint averaging, validation loss.
+//! - [`translate`]: corpus encoding, translation (greedy or beam, n-best), BLEU and chrF of the
+//!   output.
 //!
 //! This crate sits above `xfmr-models` and below the CLI (see `docs/ARCHITECTURE.md`).
 
@@ -14,5 +18,9 @@ pub mod data;
 pub mod loss;
 pub mod metrics;
 pub mod tokenizer;
+pub mod trainer;
+pub mod translate;
 
 pub use metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, BleuScore, MetricError};
+pub use tokenizer::SubwordTokenizer;
+pub use trainer::{Example, Progress, StepReport, TrainConfig, TrainError, Trainer};

@@ -1,0 +1,116 @@
+//! From text to ids and back: encoding a corpus for training, translating sentences with a
+//! trained model (greedy or beam, n-best), scoring translations with BLEU and chrF.
+
+use burn::tensor::backend::Backend;
+use xfmr_models::{GenerationOptions, Transformer};
+
+use crate::data::Pair;
+use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
+use crate::tokenizer::SubwordTokenizer;
+use crate::trainer::{Example, TrainError};
+
+/// Subword ids of every pair (no start or end tokens: the trainer adds them).
+///
+/// # Errors
+/// [`TrainError::Tokenizer`] if a sentence cannot be encoded.
+pub fn encode_pairs(
+    tokenizer: &SubwordTokenizer,
+    pairs: &[Pair],
+) -> Result<Vec<Example>, TrainError> {
+    let ids = |text: &str| -> Result<Vec<u32>, TrainError> {
+        Ok(tokenizer
+            .encode(text)?
+            .into_iter()
+            .map(|t| t as u32)
+            .collect())
+    };
+    pairs
+        .iter()
+        .map(|p| {
+            Ok(Example {
+                src: ids(&p.src)?,
+                tgt: ids(&p.tgt)?,
+            })
+        })
+        .collect()
+}
+
+/// One candidate translation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Detokenised text.
+    pub text: String,
+    /// Target ids (no start or end token).
+    pub tokens: Vec<u32>,
+    /// The generation's ranking score (log-probability; length-penalised for beam search).
+    pub score: f64,
+    /// Per target token, the cross-attention over the source tokens (end token included), when
+    /// the options asked for it.
+    pub attention: Option<Vec<Vec<f32>>>,
+}
+
+/// Translates `sentences`, `batch_size` at a time (sorted by length so a batch wastes little
+/// padding; results in input order). Each source gets the end token appended, as in training;
+/// decoding starts from `bos_id`. Returns per sentence its candidates, best first.
+///
+/// # Errors
+/// Encoding, an id outside the vocabulary, invalid options.
+pub fn translate<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &SubwordTokenizer,
+    sentences: &[&str],
+    options: &GenerationOptions,
+    batch_size: usize,
+) -> Result<Vec<Vec<Candidate>>, TrainError> {
+    let sources = sentences
+        .iter()
+        .map(|s| {
+            let mut ids: Vec<u32> = tokenizer.encode(s)?.into_iter().map(|t| t as u32).collect();
+            ids.push(tokenizer.eos_id() as u32);
+            Ok(ids)
+        })
+        .collect::<Result<Vec<_>, TrainError>>()?;
+    let mut order: Vec<usize> = (0..sources.len()).collect();
+    order.sort_by_key(|&i| sources[i].len());
+    let mut out = vec![Vec::new(); sources.len()];
+    for chunk in order.chunks(batch_size.max(1)) {
+        let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| sources[i].clone()).collect();
+        let generation = model.generate(&batch, tokenizer.bos_id() as u32, options)?;
+        for (&i, hypotheses) in chunk.iter().zip(generation.hypotheses) {
+            out[i] = hypotheses
+                .into_iter()
+                .map(|h| {
+                    let ids: Vec<usize> = h.tokens.iter().map(|&t| t as usize).collect();
+                    Ok(Candidate {
+                        text: tokenizer.decode(&ids)?,
+                        tokens: h.tokens,
+                        score: h.score,
+                        attention: h.attention,
+                    })
+                })
+                .collect::<Result<Vec<_>, TrainError>>()?;
+        }
+    }
+    Ok(out)
+}
+
+/// Corpus BLEU and chrF of hypotheses against one reference each.
+#[derive(Debug, Clone)]
+pub struct Scores {
+    /// sacreBLEU's corpus BLEU (13a tokenisation, exponential smoothing).
+    pub bleu: BleuScore,
+    /// sacreBLEU's chrF (character 6-grams, β = 2).
+    pub chrf: f64,
+}
+
+/// BLEU and chrF of `hyps` against `refs` (one reference per hypothesis).
+///
+/// # Errors
+/// [`MetricError`] if the counts differ.
+pub fn score(hyps: &[String], refs: &[String]) -> Result<Scores, MetricError> {
+    let refs = vec![refs.to_vec()];
+    Ok(Scores {
+        bleu: corpus_bleu(hyps, &refs)?,
+        chrf: corpus_chrf(hyps, &refs)?,
+    })
+}
