@@ -182,7 +182,8 @@ impl<B: Backend> DecoderLayer<B> {
             ..
         } = input;
         let x = sublayer(x, &self.norm_self, self.norm_position, &self.dropout, |h| {
-            self_attention(&self.self_attn, self.positions.as_ref(), h, self_mask, mode)
+            let positions = self.positions.as_ref();
+            self_attention(&self.self_attn, positions, h, self_mask, mode, false).0
         });
         let mut weights = None;
         let x = sublayer(
@@ -244,6 +245,36 @@ impl<B: Backend> Decoder<B> {
             layer.forward(DecoderInput { x, ..input.clone() })
         });
         apply_final_norm(self.norm.as_ref(), x)
+    }
+
+    /// [`forward`](Self::forward) that also returns every layer's cross-attention weights
+    /// (which source positions each target position reads): what an alignment map shows.
+    ///
+    /// # Shapes
+    /// - output: `[batch, seq, d_model]`; weights: one `[batch, heads, seq, seq_src]` per layer
+    ///
+    /// # Panics
+    /// Without `input.memory`, or on shape mismatches.
+    pub fn forward_with_weights(
+        &self,
+        input: DecoderInput<B>,
+    ) -> (Tensor<B, 3>, Vec<Tensor<B, 4>>) {
+        let memory = input.memory.clone().expect(
+            "Decoder::forward_with_weights: the input has no memory (DecoderInput::memory)",
+        );
+        let mut x = input.x.clone();
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let layer_input = DecoderInput {
+                x,
+                need_weights: true,
+                ..input.clone()
+            };
+            let (out, w) = layer.run(layer_input, Attend::Causal, Cross::Memory(memory.clone()));
+            x = out;
+            weights.push(w.expect("weights were requested"));
+        }
+        (apply_final_norm(self.norm.as_ref(), x), weights)
     }
 
     /// Starts incremental decoding: projects `memory` into every layer's cross-attention keys

@@ -73,7 +73,8 @@ pub(crate) fn self_attention<B: Backend>(
     h: Tensor<B, 3>,
     mask: Option<AttnMask<B>>,
     mode: Attend<'_, B>,
-) -> Tensor<B, 3> {
+    need_weights: bool,
+) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
     let [_, seq_q, _] = h.dims();
     let device = h.device();
     let past = match &mode {
@@ -84,11 +85,15 @@ pub(crate) fn self_attention<B: Backend>(
     if let Some(positions) = positions {
         input = positions.apply(input, seq_q, past + seq_q, &device);
     }
-    match mode {
-        Attend::Bidirectional => attn.forward(input).context,
-        Attend::Causal => attn.forward(input.causal()).context,
-        Attend::Cached(cache) => attn.forward_cached(input, cache).context,
+    if need_weights {
+        input = input.need_weights();
     }
+    let out = match mode {
+        Attend::Bidirectional => attn.forward(input),
+        Attend::Causal => attn.forward(input.causal()),
+        Attend::Cached(cache) => attn.forward_cached(input, cache),
+    };
+    (out.context, out.weights)
 }
 
 impl LayerConfig {
@@ -147,14 +152,46 @@ impl<B: Backend> EncoderLayer<B> {
         self.run(input, Attend::Bidirectional)
     }
 
+    /// [`forward`](Self::forward) that also returns the self-attention weights.
+    ///
+    /// # Shapes
+    /// - output: `[batch, seq, d_model]` and weights `[batch, heads, seq, seq]`
+    pub fn forward_with_weights(
+        &self,
+        input: SelfAttentionInput<B>,
+    ) -> (Tensor<B, 3>, Tensor<B, 4>) {
+        let (x, weights) = self.run_weights(input, Attend::Bidirectional, true);
+        (x, weights.expect("weights were requested"))
+    }
+
     pub(crate) fn run(&self, input: SelfAttentionInput<B>, mode: Attend<'_, B>) -> Tensor<B, 3> {
+        self.run_weights(input, mode, false).0
+    }
+
+    fn run_weights(
+        &self,
+        input: SelfAttentionInput<B>,
+        mode: Attend<'_, B>,
+        need_weights: bool,
+    ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
         let SelfAttentionInput { x, mask } = input;
+        let mut weights = None;
         let x = sublayer(x, &self.norm_attn, self.norm_position, &self.dropout, |h| {
-            self_attention(&self.self_attn, self.positions.as_ref(), h, mask, mode)
+            let (context, w) = self_attention(
+                &self.self_attn,
+                self.positions.as_ref(),
+                h,
+                mask,
+                mode,
+                need_weights,
+            );
+            weights = w;
+            context
         });
-        sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
+        let x = sublayer(x, &self.norm_ff, self.norm_position, &self.dropout, |h| {
             self.ffn.forward(h)
-        })
+        });
+        (x, weights)
     }
 }
 
@@ -182,5 +219,27 @@ impl<B: Backend> Encoder<B> {
             })
         });
         apply_final_norm(self.norm.as_ref(), x)
+    }
+
+    /// [`forward`](Self::forward) that also returns every layer's self-attention weights: what
+    /// an attention map shows.
+    ///
+    /// # Shapes
+    /// - output: `[batch, seq, d_model]`; weights: one `[batch, heads, seq, seq]` per layer
+    pub fn forward_with_weights(
+        &self,
+        input: SelfAttentionInput<B>,
+    ) -> (Tensor<B, 3>, Vec<Tensor<B, 4>>) {
+        let SelfAttentionInput { mut x, mask } = input;
+        let mut weights = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let (out, w) = layer.forward_with_weights(SelfAttentionInput {
+                x,
+                mask: mask.clone(),
+            });
+            x = out;
+            weights.push(w);
+        }
+        (apply_final_norm(self.norm.as_ref(), x), weights)
     }
 }

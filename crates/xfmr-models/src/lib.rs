@@ -46,7 +46,7 @@ pub use generate::{
     Strategy,
 };
 pub use loss::{cross_entropy, shift_right};
-pub use transformer::{Memory, Seq2SeqState, Transformer, TransformerConfig};
+pub use transformer::{AttentionMaps, Memory, Seq2SeqState, Transformer, TransformerConfig};
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 

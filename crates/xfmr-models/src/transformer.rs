@@ -238,6 +238,38 @@ impl<B: Backend> Transformer<B> {
         self.decode(tgt_in, &memory)
     }
 
+    /// Teacher-forced forward that also returns the attention weights of every layer and head:
+    /// the encoder's self-attention and the decoder's cross-attention (the maps every
+    /// explanation of the paper draws). Run it on a model without dropout (`valid()`).
+    ///
+    /// # Shapes
+    /// - `src`: `[batch, seq_src]`; `tgt_in`: `[batch, seq_tgt]`
+    /// - `logits`: `[batch, seq_tgt, tgt_vocab]`; per layer, `encoder`: `[batch, heads,
+    ///   seq_src, seq_src]` and `cross`: `[batch, heads, seq_tgt, seq_src]`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn forward_with_attention(
+        &self,
+        src: Tensor<B, 2, Int>,
+        tgt_in: Tensor<B, 2, Int>,
+    ) -> Result<AttentionMaps<B>, ModelError> {
+        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
+        let x = self.embed(&self.src_embedding, src, 0)?;
+        let (states, encoder) = self
+            .encoder
+            .forward_with_weights(SelfAttentionInput::new(x).mask(mask.clone()));
+        let y = self.embed(self.tgt_table(), tgt_in, 0)?;
+        let (h, cross) = self
+            .decoder
+            .forward_with_weights(DecoderInput::new(y).memory(&states).memory_mask(mask));
+        Ok(AttentionMaps {
+            logits: self.project(h),
+            encoder,
+            cross,
+        })
+    }
+
     fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
         vocab_logits(self.output.as_ref(), self.tgt_table(), h)
     }
@@ -282,6 +314,17 @@ impl<B: Backend> Transformer<B> {
         let first = vec![vec![bos_id]; sources.len()];
         generate::generate(self, state, first, options)
     }
+}
+
+/// What [`Transformer::forward_with_attention`] returns.
+#[derive(Debug, Clone)]
+pub struct AttentionMaps<B: Backend> {
+    /// `[batch, seq_tgt, tgt_vocab]`, as [`Transformer::forward`].
+    pub logits: Tensor<B, 3>,
+    /// Per encoder layer, `[batch, heads, seq_src, seq_src]`.
+    pub encoder: Vec<Tensor<B, 4>>,
+    /// Per decoder layer, `[batch, heads, seq_tgt, seq_src]`.
+    pub cross: Vec<Tensor<B, 4>>,
 }
 
 /// The decoding state of a [`Transformer`]: the decoder's caches, the projected memory

@@ -202,6 +202,13 @@ impl SubwordTokenizer {
         Ok(encoding.get_tokens().to_vec())
     }
 
+    /// The subword string of one id (`None` outside the vocabulary).
+    pub fn piece(&self, id: usize) -> Option<String> {
+        u32::try_from(id)
+            .ok()
+            .and_then(|id| self.inner.id_to_token(id))
+    }
+
     /// Detokenised text of `ids`, special tokens left out.
     ///
     /// # Errors

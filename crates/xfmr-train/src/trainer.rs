@@ -437,6 +437,11 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.progress
     }
 
+    /// Training pairs.
+    pub fn num_examples(&self) -> usize {
+        self.examples.len()
+    }
+
     /// Micro-batches per epoch.
     pub fn batches_per_epoch(&self) -> usize {
         self.batches.len()
@@ -559,7 +564,15 @@ impl<B: AutodiffBackend> Trainer<B> {
         let json = serde_json::to_vec_pretty(&state)
             .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
         checkpoint::write_atomic(&partial.join(TRAINER_FILE), &json)?;
-        write_manifest(&partial)?;
+        write_manifest(
+            &partial,
+            &[
+                checkpoint::CONFIG_FILE,
+                checkpoint::WEIGHTS_FILE,
+                OPTIMIZER_FILE,
+                TRAINER_FILE,
+            ],
+        )?;
         if dir.exists() {
             fs::remove_dir_all(&dir).map_err(|e| TrainError::checkpoint(&dir, e))?;
         }
@@ -624,6 +637,32 @@ pub fn load_model<B: Backend>(
 ) -> Result<(TransformerConfig, Transformer<B>), TrainError> {
     verify_manifest(dir)?;
     Ok(checkpoint::load::<B, TransformerConfig>(dir, device)?)
+}
+
+/// Saves a model for translation (no optimiser state) the way checkpoints are saved: into
+/// `dir.partial` with a manifest, then renamed to `dir` (an older `dir` is replaced), so
+/// [`load_model`] sees a complete model or none.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be written.
+pub fn save_model<B: Backend>(
+    model: &Transformer<B>,
+    config: &TransformerConfig,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    let partial = dir.with_extension("partial");
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(|e| TrainError::checkpoint(&partial, e))?;
+    }
+    checkpoint::save::<B, TransformerConfig>(model, config, &partial)?;
+    write_manifest(
+        &partial,
+        &[checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE],
+    )?;
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(|e| TrainError::checkpoint(dir, e))?;
+    }
+    fs::rename(&partial, dir).map_err(|e| TrainError::checkpoint(dir, e))
 }
 
 /// The element-wise mean of the checkpoints' parameters (paper §6.1: "averaging the last 5
@@ -698,14 +737,9 @@ struct FileSum {
     fnv1a: String,
 }
 
-fn write_manifest(dir: &Path) -> Result<(), TrainError> {
+fn write_manifest(dir: &Path, names: &[&str]) -> Result<(), TrainError> {
     let mut files = BTreeMap::new();
-    for name in [
-        checkpoint::CONFIG_FILE,
-        checkpoint::WEIGHTS_FILE,
-        OPTIMIZER_FILE,
-        TRAINER_FILE,
-    ] {
+    for &name in names {
         let path = dir.join(name);
         let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
         files.insert(

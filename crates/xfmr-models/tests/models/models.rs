@@ -280,3 +280,44 @@ fn untied_and_unshared_variants_run() {
         "pre-norm stacks end with a norm"
     );
 }
+
+/// `forward_with_attention` returns `forward`'s logits, and per layer and head attention rows
+/// that are distributions over the real source tokens (padding gets exactly zero).
+#[test]
+fn attention_maps_are_distributions_over_real_tokens() {
+    let device: Device = Default::default();
+    let model = tiny_transformer(11);
+    let src_rows = vec![vec![5, 6, 7, 8], vec![9, 10, PAD, PAD]];
+    let tgt_rows = vec![vec![1, 5, 6], vec![1, 7, 8]];
+    let maps = model
+        .forward_with_attention(ids(&src_rows, &device), ids(&tgt_rows, &device))
+        .unwrap();
+    let plain = model
+        .forward(ids(&src_rows, &device), ids(&tgt_rows, &device))
+        .unwrap();
+    assert_tensors_close(
+        &maps.logits,
+        &plain,
+        1e-6,
+        0.0,
+        "forward_with_attention logits",
+    );
+    let config = TransformerConfig::tiny(VOCAB);
+    assert_eq!(maps.encoder.len(), config.n_encoder_layers);
+    assert_eq!(maps.cross.len(), config.n_decoder_layers);
+    let heads = config.layer.n_heads;
+    for (kind, weights, rows) in [("encoder", &maps.encoder, 4), ("cross", &maps.cross, 3)] {
+        for w in weights.iter() {
+            assert_eq!(w.dims(), [2, heads, rows, 4], "{kind}");
+            let v = to_vec(w);
+            for (r, row) in v.chunks(4).enumerate() {
+                let batch = r / (heads * rows);
+                let sum: f64 = row.iter().sum();
+                assert!((sum - 1.0).abs() < 1e-5, "{kind} row {r} sums to {sum}");
+                if batch == 1 {
+                    assert_eq!(&row[2..], &[0.0, 0.0], "{kind} row {r} weighs padding");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! PNG pictures: the loss curve of a run and attention heatmaps with tokens on the axes.
+//! Drawn with `plotters` into memory, encoded with `png`, written through a temporary file and a
+//! rename. Text uses the embedded DejaVu Sans (see `assets/DejaVuSans.LICENSE`).
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
+use xfmr::models::checkpoint::write_atomic;
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn fonts() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The font is compiled in, so a failure here is a build defect, not a user error.
+        if register_font("sans-serif", FontStyle::Normal, FONT).is_err() {
+            panic!("the embedded DejaVu Sans does not parse");
+        }
+    });
+}
+
+fn save_rgb(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> {
+    let mut bytes = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut bytes, w, h);
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        let mut writer = encoder
+            .write_header()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        writer
+            .write_image_data(rgb)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    write_atomic(path, &bytes).map_err(|e| e.to_string())
+}
+
+fn draw_err(path: &Path) -> impl Fn(String) -> String + '_ {
+    move |e| format!("{}: drawing failed: {e}", path.display())
+}
+
+/// Training loss per step (and validation loss where measured) against the step, log-scaled
+/// loss axis not needed at these ranges: a plain linear plot.
+pub fn loss_curve(
+    path: &Path,
+    title: &str,
+    train: &[(f64, f64)],
+    valid: &[(f64, f64)],
+) -> Result<(), String> {
+    fonts();
+    let size = (900u32, 540u32);
+    let mut rgb = vec![255u8; (size.0 * size.1 * 3) as usize];
+    let err = draw_err(path);
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let all = train.iter().chain(valid);
+        let x_max = all.clone().map(|p| p.0).fold(1.0, f64::max);
+        let y_max = all.clone().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.05;
+        let y_min = all.map(|p| p.1).fold(f64::INFINITY, f64::min).min(y_max) * 0.95;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(44)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max, y_min..y_max)
+            .map_err(|e| err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc("optimizer step")
+            .y_desc("loss (nats per target token)")
+            .label_style(("sans-serif", 14))
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        chart
+            .draw_series(LineSeries::new(train.iter().copied(), BLUE.stroke_width(1)))
+            .map_err(|e| err(e.to_string()))?
+            .label("training (label-smoothed)")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE));
+        if !valid.is_empty() {
+            chart
+                .draw_series(LineSeries::new(valid.iter().copied(), RED.stroke_width(2)))
+                .map_err(|e| err(e.to_string()))?
+                .label("validation (label-smoothed)")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RED));
+            chart
+                .draw_series(valid.iter().map(|&p| Circle::new(p, 3, RED.filled())))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    save_rgb(path, &rgb, size)
+}
+
+/// A heatmap of `weights[row][col]` in [0, 1] (white → dark blue), `rows` labelling the query
+/// tokens (y axis, top to bottom) and `cols` the key tokens (x axis, left to right, written
+/// vertically).
+pub fn heatmap(
+    path: &Path,
+    title: &str,
+    rows: &[String],
+    cols: &[String],
+    weights: &[Vec<f32>],
+) -> Result<(), String> {
+    fonts();
+    let cell = 28u32;
+    let label = 8 * rows
+        .iter()
+        .chain(cols)
+        .map(|t| t.chars().count())
+        .max()
+        .unwrap_or(1) as u32
+        + 16;
+    let size = (
+        label + cell * cols.len() as u32 + 20,
+        40 + label + cell * rows.len() as u32 + 10,
+    );
+    let mut rgb = vec![255u8; (size.0 * size.1 * 3) as usize];
+    let err = draw_err(path);
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        root.draw(&Text::new(title, (8, 8), ("sans-serif", 16)))
+            .map_err(|e| err(e.to_string()))?;
+        let (x0, y0) = (label as i32, 40 + label as i32);
+        let c = cell as i32;
+        for (j, token) in cols.iter().enumerate() {
+            let style = ("sans-serif", 13)
+                .into_font()
+                .transform(FontTransform::Rotate270)
+                .color(&BLACK);
+            root.draw(&Text::new(
+                token.as_str(),
+                (x0 + j as i32 * c + c / 4, y0 - 6),
+                style,
+            ))
+            .map_err(|e| err(e.to_string()))?;
+        }
+        for (i, token) in rows.iter().enumerate() {
+            let y = y0 + i as i32 * c;
+            root.draw(&Text::new(
+                token.as_str(),
+                (6, y + c / 4),
+                ("sans-serif", 13),
+            ))
+            .map_err(|e| err(e.to_string()))?;
+            for (j, &w) in weights[i].iter().enumerate() {
+                let w = w.clamp(0.0, 1.0);
+                let shade = |full: f32, dark: f32| (full + (dark - full) * w) as u8;
+                let color = RGBColor(shade(255.0, 8.0), shade(255.0, 48.0), shade(255.0, 107.0));
+                let x = x0 + j as i32 * c;
+                root.draw(&Rectangle::new(
+                    [(x, y), (x + c - 1, y + c - 1)],
+                    color.filled(),
+                ))
+                .map_err(|e| err(e.to_string()))?;
+            }
+        }
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    save_rgb(path, &rgb, size)
+}
