@@ -179,6 +179,9 @@ const CSV_COLUMNS: [&str; 10] = [
     "perplexity",
 ];
 
+/// (step, loss) points.
+type Curve = Vec<(f64, f64)>;
+
 /// An append-only metrics log. Each record is one `write` of one line, flushed; on resume the
 /// records after the checkpoint (and a torn last line, if the process died mid-write) are
 /// dropped by rewriting the file atomically.
@@ -255,7 +258,7 @@ impl Metrics {
     }
 
     /// (step, loss) of the training and validation records in the file.
-    fn curves(&self) -> Result<(Vec<(f64, f64)>, Vec<(f64, f64)>), String> {
+    fn curves(&self) -> Result<(Curve, Curve), String> {
         let text = fs::read_to_string(&self.path).map_err(io_err(&self.path))?;
         let (mut train, mut valid) = (Vec::new(), Vec::new());
         for line in text.lines() {
