@@ -295,10 +295,12 @@ fn attention_maps_are_distributions_over_real_tokens() {
     let plain = model
         .forward(ids(&src_rows, &device), ids(&tgt_rows, &device))
         .unwrap();
+    // Asking for weights takes the reference attention path (explicit softmax), `forward` the
+    // fused one: equal up to f32 rounding accumulated over 2 + 2 layers.
     assert_tensors_close(
         &maps.logits,
         &plain,
-        1e-6,
+        1e-5,
         0.0,
         "forward_with_attention logits",
     );
