@@ -198,7 +198,7 @@ impl Metrics {
         if let Ok(file) = fs::File::open(&path) {
             for line in std::io::BufReader::new(file).lines() {
                 let line = line.map_err(io_err(&path))?;
-                if let Some(step) = Self::step_of(&line, format) {
+                if let Some((_, step, _)) = Self::parse(&line, format) {
                     if step <= keep_through {
                         kept.push(line);
                     }
@@ -222,18 +222,21 @@ impl Metrics {
         Ok(Self { path, format, file })
     }
 
-    fn step_of(line: &str, format: MetricsFormat) -> Option<usize> {
+    /// (kind, step, loss) of one record; `None` for the CSV header or a torn line.
+    fn parse(line: &str, format: MetricsFormat) -> Option<(String, usize, Option<f64>)> {
         match format {
-            MetricsFormat::Jsonl => serde_json::from_str::<Value>(line)
-                .ok()?
-                .get("step")?
-                .as_u64()
-                .map(|s| s as usize),
+            MetricsFormat::Jsonl => {
+                let v = serde_json::from_str::<Value>(line).ok()?;
+                let kind = v["kind"].as_str().unwrap_or_default().to_string();
+                Some((kind, v["step"].as_u64()? as usize, v["loss"].as_f64()))
+            }
             MetricsFormat::Csv => {
                 let cells: Vec<&str> = line.split(',').collect();
-                (cells.len() == CSV_COLUMNS.len())
-                    .then(|| cells[1].parse().ok())
-                    .flatten()
+                if cells.len() != CSV_COLUMNS.len() {
+                    return None;
+                }
+                let step = cells[1].parse().ok()?;
+                Some((cells[0].to_string(), step, cells[3].parse().ok()))
             }
         }
     }
@@ -262,33 +265,10 @@ impl Metrics {
         let text = fs::read_to_string(&self.path).map_err(io_err(&self.path))?;
         let (mut train, mut valid) = (Vec::new(), Vec::new());
         for line in text.lines() {
-            let (kind, step, loss) = match self.format {
-                MetricsFormat::Jsonl => {
-                    let Ok(v) = serde_json::from_str::<Value>(line) else {
-                        continue;
-                    };
-                    (
-                        v["kind"].as_str().unwrap_or_default().to_string(),
-                        v["step"].as_f64(),
-                        v["loss"].as_f64(),
-                    )
-                }
-                MetricsFormat::Csv => {
-                    let cells: Vec<&str> = line.split(',').collect();
-                    if cells.len() != CSV_COLUMNS.len() {
-                        continue;
-                    }
-                    (
-                        cells[0].to_string(),
-                        cells[1].parse().ok(),
-                        cells[3].parse().ok(),
-                    )
-                }
-            };
-            if let (Some(step), Some(loss)) = (step, loss) {
+            if let Some((kind, step, Some(loss))) = Self::parse(line, self.format) {
                 match kind.as_str() {
-                    "train" => train.push((step, loss)),
-                    "valid" => valid.push((step, loss)),
+                    "train" => train.push((step as f64, loss)),
+                    "valid" => valid.push((step as f64, loss)),
                     _ => {}
                 }
             }
@@ -542,6 +522,19 @@ fn evaluate_and_show<B: Backend>(
     Ok(())
 }
 
+/// Greedy for `beam ≤ 1`, else beam search (α = 0.6) returning `n_best` hypotheses.
+fn strategy(beam: usize, n_best: usize) -> Strategy {
+    if beam > 1 {
+        Strategy::Beam(BeamOptions {
+            beam_size: beam,
+            n_best: n_best.clamp(1, beam),
+            ..BeamOptions::default()
+        })
+    } else {
+        Strategy::Greedy
+    }
+}
+
 fn options(strategy: Strategy, tokenizer: &SubwordTokenizer, max_len: usize) -> GenerationOptions {
     GenerationOptions::greedy(
         max_len,
@@ -611,20 +604,11 @@ pub fn translate_cmd<B: Backend>(
         sentences.to_vec()
     };
     let sources: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let strategy = if beam > 1 {
-        Strategy::Beam(BeamOptions {
-            beam_size: beam,
-            n_best: n_best.clamp(1, beam),
-            ..BeamOptions::default()
-        })
-    } else {
-        Strategy::Greedy
-    };
     let out = translate(
         &model,
         &tokenizer,
         &sources,
-        &options(strategy, &tokenizer, 128),
+        &options(strategy(beam, n_best), &tokenizer, 128),
         32,
     )
     .map_err(|e| e.to_string())?;
@@ -660,15 +644,7 @@ pub fn eval_cmd<B: Backend>(
         .collect();
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = pairs.iter().map(|p| p.tgt.clone()).collect();
-    let strategy = if beam > 1 {
-        Strategy::Beam(BeamOptions {
-            beam_size: beam,
-            ..BeamOptions::default()
-        })
-    } else {
-        Strategy::Greedy
-    };
-    let hyps = translate_texts(&model, &tokenizer, &sources, strategy)?;
+    let hyps = translate_texts(&model, &tokenizer, &sources, strategy(beam, 1))?;
     let scores = score(&hyps, &refs).map_err(|e| e.to_string())?;
     println!(
         "{}: {} sentences, {}: BLEU {:.2}  chrF {:.2}",

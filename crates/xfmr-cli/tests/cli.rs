@@ -9,17 +9,25 @@ fn xfmr(args: &[&str]) -> std::process::Output {
         .expect("the xfmr binary runs")
 }
 
+/// Runs `xfmr` and fails the test, showing both streams, unless it exits successfully.
+fn xfmr_ok(args: &[&str]) -> std::process::Output {
+    let out = xfmr(args);
+    assert!(
+        out.status.success(),
+        "xfmr {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `xfmr demo` runs on the embedded sentences, never puts weight on padding, and its invariant
 /// checks (printed maxima of |diff|) pass, which the binary signals by its exit status.
 #[test]
 fn demo_runs_and_its_invariants_hold() {
-    let out = xfmr(&["demo"]);
+    let out = xfmr_ok(&["demo"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(
         stdout.matches("(weight on padding: 0)").count(),
         8,
@@ -52,12 +60,7 @@ fn embed_and_similarity() {
     let dir = minilm();
     let dir = dir.to_str().unwrap();
     let sim = |a: &str, b: &str| -> f64 {
-        let out = xfmr(&["similarity", a, b, "--model-dir", dir]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = xfmr_ok(&["similarity", a, b, "--model-dir", dir]);
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
     };
     let close = sim("A man is eating food.", "A man is eating a meal.");
@@ -72,7 +75,7 @@ fn embed_and_similarity() {
     )
     .unwrap();
     let output = tmp.path().join("out.json");
-    let out = xfmr(&[
+    xfmr_ok(&[
         "embed",
         "--file",
         input.to_str().unwrap(),
@@ -81,11 +84,6 @@ fn embed_and_similarity() {
         "--model-dir",
         dir,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let rows: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     let rows = rows.as_array().unwrap();
@@ -168,12 +166,7 @@ fn training_killed_and_restarted_matches_an_uninterrupted_run() {
     let data = small_corpus(dir.path());
     let data = data.to_str().unwrap();
     let straight = dir.path().join("straight");
-    let out = xfmr(&train_args(data, straight.to_str().unwrap(), "16", "0"));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    xfmr_ok(&train_args(data, straight.to_str().unwrap(), "16", "0"));
     let expected = train_losses(&straight);
     assert_eq!(expected.len(), 16);
 
@@ -208,9 +201,8 @@ fn training_killed_and_restarted_matches_an_uninterrupted_run() {
         before.len()
     );
 
-    let out = xfmr(&args);
+    let out = xfmr_ok(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
     let resumed_from: u64 = stderr
         .split("from step ")
         .nth(1)
@@ -246,13 +238,8 @@ fn train_translate_eval_attention() {
     let run = dir.path().join("run");
     let mut args = train_args(data.to_str().unwrap(), run.to_str().unwrap(), "6", "3");
     args.extend(["--beam", "2"]);
-    let out = xfmr(&args);
+    let out = xfmr_ok(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(
         stdout.contains("test (3 sentences, greedy): BLEU"),
         "{stdout}"
@@ -268,7 +255,7 @@ fn train_translate_eval_attention() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 
     let run_s = run.to_str().unwrap();
-    let out = xfmr(&[
+    let out = xfmr_ok(&[
         "translate",
         "--run",
         run_s,
@@ -278,11 +265,6 @@ fn train_translate_eval_attention() {
         "2",
         "Y dijo Dios",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -292,7 +274,7 @@ fn train_translate_eval_attention() {
     );
 
     let test = data.join("test.tsv");
-    let out = xfmr(&[
+    let out = xfmr_ok(&[
         "eval",
         "--run",
         run_s,
@@ -300,15 +282,10 @@ fn train_translate_eval_attention() {
         "1",
         test.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("10 sentences, greedy: BLEU"));
 
     let maps = dir.path().join("maps");
-    let out = xfmr(&[
+    xfmr_ok(&[
         "attention",
         "--run",
         run_s,
@@ -316,11 +293,6 @@ fn train_translate_eval_attention() {
         maps.to_str().unwrap(),
         "Y dijo Dios",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // tiny: 2 + 2 layers × 4 heads, encoder and cross.
     assert_eq!(std::fs::read_dir(&maps).unwrap().count(), 16);
 

@@ -170,6 +170,15 @@ impl<B: Backend> Transformer<B> {
         Ok(self.dropout.forward(x))
     }
 
+    /// The encoder's input (embedded source with positions) and the source padding mask.
+    fn embed_source(
+        &self,
+        src: Tensor<B, 2, Int>,
+    ) -> Result<(Tensor<B, 3>, AttnMask<B>), ModelError> {
+        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
+        Ok((self.embed(&self.src_embedding, src, 0)?, mask))
+    }
+
     /// Target vocabulary size.
     pub fn tgt_vocab_size(&self) -> usize {
         match &self.output {
@@ -187,8 +196,7 @@ impl<B: Backend> Transformer<B> {
     /// # Errors
     /// A sequence longer than a learned position table.
     pub fn encode(&self, src: Tensor<B, 2, Int>) -> Result<Memory<B>, ModelError> {
-        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
-        let x = self.embed(&self.src_embedding, src, 0)?;
+        let (x, mask) = self.embed_source(src)?;
         Ok(Memory {
             states: self
                 .encoder
@@ -254,8 +262,7 @@ impl<B: Backend> Transformer<B> {
         src: Tensor<B, 2, Int>,
         tgt_in: Tensor<B, 2, Int>,
     ) -> Result<AttentionMaps<B>, ModelError> {
-        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
-        let x = self.embed(&self.src_embedding, src, 0)?;
+        let (x, mask) = self.embed_source(src)?;
         let (states, encoder) = self
             .encoder
             .forward_with_weights(SelfAttentionInput::new(x).mask(mask.clone()));

@@ -36,7 +36,7 @@ use thiserror::Error;
 use xfmr_models::{checkpoint, ModelError, Transformer, TransformerConfig};
 
 use crate::data::{shuffled, token_batches, DataError, SplitMix64};
-use crate::loss::{label_smoothed_loss, noam_schedule};
+use crate::loss::{label_smoothed_loss, noam_schedule, SmoothedLoss};
 use crate::tokenizer::TokenizerError;
 
 /// What can go wrong while training, checkpointing or evaluating.
@@ -398,11 +398,7 @@ impl<B: AutodiffBackend> Trainer<B> {
                 expected: "ids below the vocabulary size",
             });
         }
-        let lengths: Vec<(usize, usize)> = examples
-            .iter()
-            .map(|e| (e.src.len() + 1, e.tgt.len() + 1))
-            .collect();
-        let batches = token_batches(&lengths, config.max_tokens);
+        let batches = batches_of(&examples, config.max_tokens);
         let schedule = noam_schedule(config.lr_factor, config.model.layer.d_model, config.warmup)
             .map_err(|problem| TrainError::InvalidConfig {
                 field: "warmup",
@@ -489,30 +485,17 @@ impl<B: AutodiffBackend> Trainer<B> {
         let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
         let (mut loss, mut nll, mut src_tokens) = (0.0, 0.0, 0);
         for indices in &picked {
-            let examples: Vec<&Example> = indices.iter().map(|&i| &self.examples[i]).collect();
-            let batch = Batch::<B>::new(
-                &examples,
-                self.config.model.pad_id,
-                self.config.bos_id,
-                self.config.eos_id,
-                &self.device,
-            );
-            let weight = batch.tgt_tokens as f64 / total as f64;
-            src_tokens += batch.src_tokens;
             let model = self.model();
-            let logits = match model.forward(batch.src, batch.tgt_in) {
-                Ok(logits) => logits,
-                Err(e) => {
-                    self.progress = before;
-                    return Err(e.into());
-                }
-            };
-            let out = label_smoothed_loss(
-                logits,
-                batch.tgt_out,
-                self.config.model.pad_id,
-                self.config.label_smoothing,
-            );
+            let (out, src) =
+                match batch_loss(model, &self.config, &self.examples, indices, &self.device) {
+                    Ok(loss) => loss,
+                    Err(e) => {
+                        self.progress = before;
+                        return Err(e);
+                    }
+                };
+            src_tokens += src;
+            let weight = out.tokens as f64 / total as f64;
             let weighted = out.loss.mul_scalar(weight);
             loss += weighted.clone().into_scalar().elem::<f64>();
             nll += out.nll.into_scalar().elem::<f64>() * weight;
@@ -545,38 +528,32 @@ impl<B: AutodiffBackend> Trainer<B> {
     /// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be
     /// written.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf, TrainError> {
-        let root = run_dir.join(CHECKPOINTS_DIR);
-        let name = format!("step-{:08}", self.progress.step);
-        let dir = root.join(&name);
-        let partial = root.join(format!("{name}.partial"));
-        if partial.exists() {
-            fs::remove_dir_all(&partial).map_err(|e| TrainError::checkpoint(&partial, e))?;
-        }
-        checkpoint::save::<B, TransformerConfig>(self.model(), &self.config.model, &partial)?;
-        let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
-            .record(self.optim.to_record(), ())
-            .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
-        checkpoint::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
-        let state = TrainerState {
-            config: self.config.clone(),
-            progress: self.progress,
-        };
-        let json = serde_json::to_vec_pretty(&state)
-            .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
-        checkpoint::write_atomic(&partial.join(TRAINER_FILE), &json)?;
-        write_manifest(
-            &partial,
-            &[
-                checkpoint::CONFIG_FILE,
-                checkpoint::WEIGHTS_FILE,
-                OPTIMIZER_FILE,
-                TRAINER_FILE,
-            ],
-        )?;
-        if dir.exists() {
-            fs::remove_dir_all(&dir).map_err(|e| TrainError::checkpoint(&dir, e))?;
-        }
-        fs::rename(&partial, &dir).map_err(|e| TrainError::checkpoint(&dir, e))?;
+        let dir = run_dir
+            .join(CHECKPOINTS_DIR)
+            .join(format!("step-{:08}", self.progress.step));
+        let files = [
+            checkpoint::CONFIG_FILE,
+            checkpoint::WEIGHTS_FILE,
+            OPTIMIZER_FILE,
+            TRAINER_FILE,
+        ];
+        publish(&dir, &files, |partial| {
+            checkpoint::save::<B, TransformerConfig>(self.model(), &self.config.model, partial)?;
+            let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
+                .record(self.optim.to_record(), ())
+                .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
+            checkpoint::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
+            let state = TrainerState {
+                config: self.config.clone(),
+                progress: self.progress,
+            };
+            let json = serde_json::to_vec_pretty(&state)
+                .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
+            Ok(checkpoint::write_atomic(
+                &partial.join(TRAINER_FILE),
+                &json,
+            )?)
+        })?;
         for old in checkpoints(run_dir)?
             .iter()
             .rev()
@@ -586,6 +563,42 @@ impl<B: AutodiffBackend> Trainer<B> {
         }
         Ok(dir)
     }
+}
+
+/// Token-count batches of `examples`, each pair counted with its end token.
+fn batches_of(examples: &[Example], max_tokens: usize) -> Vec<Vec<usize>> {
+    let lengths: Vec<(usize, usize)> = examples
+        .iter()
+        .map(|e| (e.src.len() + 1, e.tgt.len() + 1))
+        .collect();
+    token_batches(&lengths, max_tokens)
+}
+
+/// The label-smoothed loss of `model` on the pairs `indices` of `examples`, padded into one
+/// batch, and the batch's source tokens.
+fn batch_loss<B: Backend>(
+    model: &Transformer<B>,
+    config: &TrainConfig,
+    examples: &[Example],
+    indices: &[usize],
+    device: &B::Device,
+) -> Result<(SmoothedLoss<B>, usize), TrainError> {
+    let rows: Vec<&Example> = indices.iter().map(|&i| &examples[i]).collect();
+    let batch = Batch::<B>::new(
+        &rows,
+        config.model.pad_id,
+        config.bos_id,
+        config.eos_id,
+        device,
+    );
+    let logits = model.forward(batch.src, batch.tgt_in)?;
+    let out = label_smoothed_loss(
+        logits,
+        batch.tgt_out,
+        config.model.pad_id,
+        config.label_smoothing,
+    );
+    Ok((out, batch.src_tokens))
 }
 
 fn step_seed(seed: u64, step: usize) -> u64 {
@@ -650,15 +663,28 @@ pub fn save_model<B: Backend>(
     config: &TransformerConfig,
     dir: &Path,
 ) -> Result<(), TrainError> {
+    let files = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE];
+    publish(dir, &files, |partial| {
+        Ok(checkpoint::save::<B, TransformerConfig>(
+            model, config, partial,
+        )?)
+    })
+}
+
+/// Writes directory `dir` atomically: `fill` writes `files` into `<dir>.partial` (emptied
+/// first), a manifest of them is added, and the directory is renamed to `dir`, replacing an older
+/// one. A reader sees the whole directory or none ([`checkpoints`] skips `.partial` ones).
+fn publish(
+    dir: &Path,
+    files: &[&str],
+    fill: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
     let partial = dir.with_extension("partial");
     if partial.exists() {
         fs::remove_dir_all(&partial).map_err(|e| TrainError::checkpoint(&partial, e))?;
     }
-    checkpoint::save::<B, TransformerConfig>(model, config, &partial)?;
-    write_manifest(
-        &partial,
-        &[checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE],
-    )?;
+    fill(&partial)?;
+    write_manifest(&partial, files)?;
     if dir.exists() {
         fs::remove_dir_all(dir).map_err(|e| TrainError::checkpoint(dir, e))?;
     }
@@ -827,28 +853,10 @@ pub fn evaluate_loss<B: Backend>(
     config: &TrainConfig,
     examples: &[Example],
 ) -> Result<EvalLoss, TrainError> {
-    let lengths: Vec<(usize, usize)> = examples
-        .iter()
-        .map(|e| (e.src.len() + 1, e.tgt.len() + 1))
-        .collect();
     let device = model.src_embedding.weight.device();
     let (mut loss, mut nll, mut tokens) = (0.0, 0.0, 0);
-    for indices in token_batches(&lengths, config.max_tokens) {
-        let rows: Vec<&Example> = indices.iter().map(|&i| &examples[i]).collect();
-        let batch = Batch::<B>::new(
-            &rows,
-            config.model.pad_id,
-            config.bos_id,
-            config.eos_id,
-            &device,
-        );
-        let logits = model.forward(batch.src, batch.tgt_in)?;
-        let out = label_smoothed_loss(
-            logits,
-            batch.tgt_out,
-            config.model.pad_id,
-            config.label_smoothing,
-        );
+    for indices in batches_of(examples, config.max_tokens) {
+        let (out, _) = batch_loss(model, config, examples, &indices, &device)?;
         loss += out.loss.into_scalar().elem::<f64>() * out.tokens as f64;
         nll += out.nll.into_scalar().elem::<f64>() * out.tokens as f64;
         tokens += out.tokens;
