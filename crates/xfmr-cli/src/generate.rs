@@ -1,0 +1,155 @@
+//! `xfmr generate`: text from a pretrained GGUF language model (SmolLM2), streamed to stdout
+//! as it is produced, with prompt and generation speed on stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use xfmr::burn::tensor::backend::Backend;
+use xfmr::models::{GenerationOptions, SampleOptions, Strategy};
+use xfmr_llm::{fetch, LanguageModel, Message};
+
+/// Options of `xfmr generate`.
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// `smollm2` (the file `xfmr fetch-model smollm2` puts in the cache) or a GGUF file's path.
+    #[arg(long, default_value = "smollm2")]
+    pub model: String,
+    /// Wrap each prompt in the model's chat template (SmolLM2's adds its default system
+    /// message unless --system is given).
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message for --chat.
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// The most tokens generated per prompt (generation also stops at the end token).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// The end token is held off until this many tokens were generated (benchmarks).
+    #[arg(long, default_value_t = 0)]
+    pub min_tokens: usize,
+    /// Sampling temperature; 0 is greedy decoding.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f64,
+    /// Sample among the k most probable tokens only.
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    /// Sample among the most probable tokens whose probability reaches p (nucleus).
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// Seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Prompts. One is streamed; several run as one left-padded batch, printed when done.
+    #[arg(required = true)]
+    pub prompts: Vec<String>,
+}
+
+fn model_path(model: &str) -> Result<PathBuf, String> {
+    if model == "smollm2" {
+        return fetch::find_smollm2().ok_or_else(|| {
+            "SmolLM2 is not in the cache: run `xfmr fetch-model smollm2` first (or pass \
+             --model FILE.gguf)"
+                .to_string()
+        });
+    }
+    let path = PathBuf::from(model);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "--model {model:?}: neither `smollm2` nor an existing GGUF file"
+        ))
+    }
+}
+
+fn options<B: Backend>(lm: &LanguageModel<B>, args: &GenerateArgs) -> GenerationOptions {
+    let options = lm.greedy(args.max_tokens).with_min_len(args.min_tokens);
+    if args.temperature > 0.0 || args.top_k.is_some() || args.top_p.is_some() {
+        options.with_strategy(Strategy::Sample(SampleOptions {
+            temperature: if args.temperature > 0.0 {
+                args.temperature
+            } else {
+                1.0
+            },
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        }))
+    } else {
+        options
+    }
+}
+
+/// Runs `xfmr generate` on backend `B`.
+pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<(), String> {
+    let path = model_path(&args.model)?;
+    let device = B::Device::default();
+    let start = std::time::Instant::now();
+    let lm = LanguageModel::<B>::from_file(&path, &device).map_err(|e| e.to_string())?;
+    let c = &lm.config;
+    eprintln!(
+        "{}: {} layers, d_model {}, {} heads sharing {} key/value heads, vocab {}; loaded in {:.1} s; \
+         key/value cache {} bytes per token",
+        path.display(),
+        c.n_layers,
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.vocab_size,
+        start.elapsed().as_secs_f64(),
+        c.cache_bytes_per_token(4),
+    );
+    let prompts = args
+        .prompts
+        .iter()
+        .map(|p| {
+            if !args.chat {
+                return Ok(p.clone());
+            }
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(Message::new("system", system));
+            }
+            messages.push(Message::new("user", p));
+            lm.chat_prompt(&messages).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let options = options(&lm, args);
+    if let [prompt] = &prompts[..] {
+        let mut stdout = std::io::stdout();
+        let done = lm
+            .complete(prompt, &options, |text| {
+                let _ = stdout.write_all(text.as_bytes());
+                let _ = stdout.flush();
+            })
+            .map_err(|e| e.to_string())?;
+        println!();
+        eprintln!(
+            "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generated: {} tokens, {:.1} tokens/s{}",
+            done.prompt_tokens,
+            done.prompt_time.as_secs_f64(),
+            done.prompt_tokens_per_second(),
+            done.tokens.len(),
+            done.generation_tokens_per_second(),
+            if done.stopped_at_eos {
+                " (stopped at the end token)"
+            } else {
+                ""
+            },
+        );
+    } else {
+        let start = std::time::Instant::now();
+        let texts = lm
+            .complete_batch(&prompts, &options)
+            .map_err(|e| e.to_string())?;
+        for (k, text) in texts.iter().enumerate() {
+            println!("[{k}] {text}");
+        }
+        eprintln!(
+            "{} prompts in one batch: {:.2} s",
+            prompts.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,821 @@
+//! Reading GGUF files (llama.cpp's format): metadata, tensor directory, and dequantisation of
+//! the tensors to `f32`.
+//!
+//! Layout (version 2 and 3, little-endian): the magic `GGUF`, a version, the tensor and
+//! metadata counts, the metadata key/value pairs, one directory entry per tensor (name, dims
+//! innermost first, type, offset into the data section), then the data section at the next
+//! multiple of `general.alignment` (default 32).
+//!
+//! The reader trusts nothing in the header: every count and length is checked against the
+//! bytes that remain before anything is allocated for it, dimensions against overflow, and
+//! each tensor's byte range against the file, so a truncated or corrupt file gives a
+//! [`GgufError`] naming the offset (and the tensor or key) instead of a panic, a hang or a
+//! huge allocation.
+//!
+//! Dequantisation (as llama.cpp's `ggml-quants.c` and the `gguf` Python package compute it):
+//!
+//! | type | block | bytes | value |
+//! |---|---|---|---|
+//! | `F32` | 1 | 4 | as stored |
+//! | `F16`, `BF16` | 1 | 2 | widened |
+//! | `Q4_0` | 32 | 18 | `d·(q − 8)`, `q` a nibble |
+//! | `Q4_1` | 32 | 20 | `d·q + m` |
+//! | `Q8_0` | 32 | 34 | `d·q`, `q` an `i8` |
+//!
+//! In `Q4_*` blocks element `j < 16` is the low nibble of byte `j`, element `16 + j` its high
+//! nibble; `d` and `m` are `f16`. Other ggml types (the K-quants among them) are named in a
+//! [`GgufError::UnsupportedType`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+
+use half::{bf16, f16};
+use thiserror::Error;
+
+/// The file's magic number, `GGUF` in ASCII.
+pub const MAGIC: [u8; 4] = *b"GGUF";
+/// Data alignment when `general.alignment` is absent.
+pub const DEFAULT_ALIGNMENT: usize = 32;
+/// Deepest nesting of metadata arrays accepted (real files use 1).
+const MAX_ARRAY_DEPTH: usize = 4;
+/// Most dimensions of a tensor (ggml's `GGML_MAX_DIMS`).
+const MAX_DIMS: usize = 4;
+
+/// What can be wrong with a GGUF file. Offsets are byte offsets from the start of the file.
+#[derive(Debug, Error, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum GgufError {
+    /// Not a GGUF file.
+    #[error("not a GGUF file: magic {found:?} at offset 0, expected \"GGUF\"")]
+    BadMagic {
+        /// The first bytes.
+        found: Vec<u8>,
+    },
+    /// A format version this reader does not know.
+    #[error("GGUF version {0} is not supported (2 and 3 are)")]
+    UnsupportedVersion(u32),
+    /// The file ends inside something.
+    #[error("truncated: {what} at offset {offset} needs {needed} bytes, {available} remain")]
+    Truncated {
+        /// What was being read.
+        what: String,
+        /// Where.
+        offset: u64,
+        /// Bytes it needs.
+        needed: u64,
+        /// Bytes left in the file.
+        available: u64,
+    },
+    /// A malformed header entry (bad value type, invalid UTF-8, too many dimensions...).
+    #[error("malformed {what} at offset {offset}: {reason}")]
+    Malformed {
+        /// The key, tensor or structure.
+        what: String,
+        /// Where.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tensor type id ggml does not define.
+    #[error(
+        "tensor {tensor:?} (directory entry at offset {offset}): unknown ggml type id {type_id}"
+    )]
+    UnknownType {
+        /// The tensor.
+        tensor: String,
+        /// Its directory entry.
+        offset: u64,
+        /// The type id.
+        type_id: u32,
+    },
+    /// A ggml type this reader cannot dequantise.
+    #[error("tensor {tensor:?}: type {ty} cannot be dequantised here (F32, F16, BF16, Q4_0, Q4_1 and Q8_0 can)")]
+    UnsupportedType {
+        /// The tensor.
+        tensor: String,
+        /// The type.
+        ty: GgmlType,
+    },
+    /// A tensor whose data does not fit the file or its type.
+    #[error("tensor {tensor:?}: data at offset {offset}: {reason}")]
+    BadTensor {
+        /// The tensor.
+        tensor: String,
+        /// Absolute offset of its data.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No tensor of that name.
+    #[error("no tensor named {0:?}")]
+    NoTensor(String),
+    /// A metadata key that is absent or of another type than needed.
+    #[error("metadata {key:?}: {reason}")]
+    Metadata {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The file could not be read.
+    #[error("{path}: {message}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// A ggml tensor type (the ids of `ggml.h`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    /// 32-bit float.
+    F32,
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// 4-bit, scale only, blocks of 32.
+    Q4_0,
+    /// 4-bit, scale and minimum, blocks of 32.
+    Q4_1,
+    /// 8-bit, scale, blocks of 32.
+    Q8_0,
+    /// Any other defined type (K-quants, I-quants, integers...): known, not dequantised here.
+    Other(u32),
+}
+
+impl GgmlType {
+    /// The type of a ggml id, or `None` for an id ggml does not define.
+    pub fn from_id(id: u32) -> Option<Self> {
+        Some(match id {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            8 => Self::Q8_0,
+            30 => Self::Bf16,
+            // Q5_0..Q8_K, IQ*, I8..F64, TQ*, MXFP4 (4 and 5 were removed Q4_2/Q4_3).
+            6 | 7 | 9..=29 | 31..=39 => Self::Other(id),
+            _ => return None,
+        })
+    }
+
+    /// `(elements per block, bytes per block)` for the types read here.
+    fn block(self) -> Option<(usize, usize)> {
+        Some(match self {
+            Self::F32 => (1, 4),
+            Self::F16 | Self::Bf16 => (1, 2),
+            Self::Q4_0 => (32, 18),
+            Self::Q4_1 => (32, 20),
+            Self::Q8_0 => (32, 34),
+            Self::Other(_) => return None,
+        })
+    }
+}
+
+impl fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::F32 => f.write_str("F32"),
+            Self::F16 => f.write_str("F16"),
+            Self::Bf16 => f.write_str("BF16"),
+            Self::Q4_0 => f.write_str("Q4_0"),
+            Self::Q4_1 => f.write_str("Q4_1"),
+            Self::Q8_0 => f.write_str("Q8_0"),
+            Self::Other(id) => write!(f, "ggml type {id}"),
+        }
+    }
+}
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// Any unsigned integer type.
+    U64(u64),
+    /// Any signed integer type.
+    I64(i64),
+    /// `f32` or `f64`.
+    F64(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A UTF-8 string.
+    String(String),
+    /// An array (of one element type).
+    Array(Vec<Value>),
+}
+
+impl Value {
+    /// The value as an unsigned integer, if it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Self::U64(v) => Some(v),
+            Self::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// The value as a float, if it is a number.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Self::F64(v) => Some(v),
+            Self::U64(v) => Some(v as f64),
+            Self::I64(v) => Some(v as f64),
+            _ => None,
+        }
+    }
+
+    /// The string, if it is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    /// llama.cpp's name (`blk.0.attn_q.weight`).
+    pub name: String,
+    /// Dimensions, innermost (contiguous) first, as the file stores them.
+    pub dims: Vec<usize>,
+    /// Element type.
+    pub ty: GgmlType,
+    /// Absolute offset of the data in the file.
+    pub offset: usize,
+    /// Bytes of data.
+    pub size: usize,
+}
+
+impl TensorInfo {
+    /// The shape in PyTorch's order (outermost first): `dims` reversed, so a linear weight is
+    /// `[out, in]`.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().copied().collect()
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    /// Whether the tensor has no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A GGUF file held in memory: its metadata, its tensor directory, and its bytes.
+pub struct Gguf {
+    bytes: Vec<u8>,
+    /// Format version.
+    pub version: u32,
+    /// Metadata, by key.
+    pub metadata: BTreeMap<String, Value>,
+    /// The tensor directory, in file order.
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl fmt::Debug for Gguf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gguf")
+            .field("version", &self.version)
+            .field("bytes", &self.bytes.len())
+            .field("metadata", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+/// A bounds-checked little-endian cursor.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    fn take(&mut self, n: u64, what: &dyn Fn() -> String) -> Result<&'a [u8], GgufError> {
+        if n > self.remaining() as u64 {
+            return Err(GgufError::Truncated {
+                what: what(),
+                offset: self.pos as u64,
+                needed: n,
+                available: self.remaining() as u64,
+            });
+        }
+        let n = n as usize;
+        let out = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N], GgufError> {
+        Ok(self.take(N as u64, what)?.try_into().expect("N bytes"))
+    }
+
+    fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32, GgufError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64, GgufError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn string(&mut self, what: &dyn Fn() -> String) -> Result<String, GgufError> {
+        let start = self.pos as u64;
+        let len = self.u64(what)?;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec()).map_err(|e| GgufError::Malformed {
+            what: what(),
+            offset: start,
+            reason: format!("invalid UTF-8: {e}"),
+        })
+    }
+
+    fn value(&mut self, ty: u32, depth: usize, key: &str) -> Result<Value, GgufError> {
+        let what = || format!("value of {key:?}");
+        Ok(match ty {
+            0 => Value::U64(self.array::<1>(&what)?[0] as u64),
+            1 => Value::I64(self.array::<1>(&what)?[0] as i8 as i64),
+            2 => Value::U64(u16::from_le_bytes(self.array(&what)?) as u64),
+            3 => Value::I64(i16::from_le_bytes(self.array(&what)?) as i64),
+            4 => Value::U64(self.u32(&what)? as u64),
+            5 => Value::I64(i32::from_le_bytes(self.array(&what)?) as i64),
+            6 => Value::F64(f32::from_le_bytes(self.array(&what)?) as f64),
+            7 => Value::Bool(self.array::<1>(&what)?[0] != 0),
+            8 => Value::String(self.string(&what)?),
+            9 => {
+                let start = self.pos as u64;
+                let elem = self.u32(&what)?;
+                let count = self.u64(&what)?;
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(self.malformed(key, start, "arrays nested too deep"));
+                }
+                // Every element takes at least one byte (strings: eight), so a count larger
+                // than the bytes left is a lie: refuse it before allocating anything.
+                let min = match elem {
+                    0 | 1 | 7 => 1,
+                    2 | 3 => 2,
+                    4..=6 => 4,
+                    8 | 10..=12 => 8,
+                    9 => 12,
+                    other => {
+                        return Err(self.malformed(
+                            key,
+                            start,
+                            &format!("unknown array element type {other}"),
+                        ))
+                    }
+                };
+                if count.saturating_mul(min) > self.remaining() as u64 {
+                    return Err(GgufError::Truncated {
+                        what: format!("array {key:?} of {count} elements"),
+                        offset: start,
+                        needed: count.saturating_mul(min),
+                        available: self.remaining() as u64,
+                    });
+                }
+                let mut items = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    items.push(self.value(elem, depth + 1, key)?);
+                }
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64(&what)?),
+            11 => Value::I64(i64::from_le_bytes(self.array(&what)?)),
+            12 => Value::F64(f64::from_le_bytes(self.array(&what)?)),
+            other => {
+                return Err(self.malformed(
+                    key,
+                    self.pos as u64 - 4,
+                    &format!("unknown value type {other}"),
+                ))
+            }
+        })
+    }
+
+    fn malformed(&self, what: &str, offset: u64, reason: &str) -> GgufError {
+        GgufError::Malformed {
+            what: what.to_string(),
+            offset,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+impl Gguf {
+    /// Reads and parses a file.
+    ///
+    /// # Errors
+    /// [`GgufError::Io`] naming the file, or any parse error.
+    pub fn read(path: &Path) -> Result<Self, GgufError> {
+        let bytes = std::fs::read(path).map_err(|e| GgufError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::parse(bytes)
+    }
+
+    /// Parses a whole file held in memory: header, metadata and tensor directory. Tensor data
+    /// is checked to lie inside the file but dequantised only on demand.
+    ///
+    /// # Errors
+    /// Any [`GgufError`] but `Io`.
+    pub fn parse(bytes: Vec<u8>) -> Result<Self, GgufError> {
+        let mut r = Reader {
+            bytes: &bytes,
+            pos: 0,
+        };
+        let magic = r
+            .take(4, &|| "magic".into())
+            .map_err(|_| GgufError::BadMagic {
+                found: bytes[..bytes.len().min(4)].to_vec(),
+            })?;
+        if magic != MAGIC {
+            return Err(GgufError::BadMagic {
+                found: magic.to_vec(),
+            });
+        }
+        let version = r.u32(&|| "version".into())?;
+        if !(2..=3).contains(&version) {
+            return Err(GgufError::UnsupportedVersion(version));
+        }
+        let n_tensors = r.u64(&|| "tensor count".into())?;
+        let n_metadata = r.u64(&|| "metadata count".into())?;
+        // A key/value pair takes at least 8 + 4 + 1 bytes, a directory entry 8 + 4 + 4 + 8.
+        for (count, min, what) in [(n_metadata, 13, "metadata"), (n_tensors, 24, "tensors")] {
+            if count.saturating_mul(min) > r.remaining() as u64 {
+                return Err(GgufError::Truncated {
+                    what: format!("{count} {what} entries"),
+                    offset: r.pos as u64,
+                    needed: count.saturating_mul(min),
+                    available: r.remaining() as u64,
+                });
+            }
+        }
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_metadata {
+            let key = r.string(&|| format!("metadata key {i}"))?;
+            let ty = r.u32(&|| format!("type of {key:?}"))?;
+            let value = r.value(ty, 0, &key)?;
+            metadata.insert(key, value);
+        }
+        let mut entries = Vec::with_capacity(n_tensors as usize);
+        for i in 0..n_tensors {
+            let entry = r.pos as u64;
+            let name = r.string(&|| format!("tensor name {i}"))?;
+            let what = || format!("directory entry of {name:?}");
+            let n_dims = r.u32(&what)? as usize;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(r.malformed(
+                    &format!("tensor {name:?}"),
+                    entry,
+                    &format!("{n_dims} dimensions (1 to {MAX_DIMS} allowed)"),
+                ));
+            }
+            let mut dims = Vec::with_capacity(n_dims);
+            for _ in 0..n_dims {
+                let d = r.u64(&what)?;
+                dims.push(usize::try_from(d).unwrap_or(usize::MAX));
+            }
+            let type_id = r.u32(&what)?;
+            let ty = GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownType {
+                tensor: name.clone(),
+                offset: entry,
+                type_id,
+            })?;
+            let relative = r.u64(&what)?;
+            entries.push((entry, name, dims, ty, relative));
+        }
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => match v.as_u64() {
+                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
+                _ => {
+                    return Err(GgufError::Metadata {
+                        key: "general.alignment".into(),
+                        reason: format!("{v:?} is not a power of two up to 2^20"),
+                    })
+                }
+            },
+        };
+        let data_start = r.pos.div_ceil(alignment) * alignment;
+        let mut tensors = Vec::with_capacity(entries.len());
+        for (entry, name, dims, ty, relative) in entries {
+            let count = dims
+                .iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .ok_or_else(|| {
+                    r.malformed(
+                        &format!("tensor {name:?}"),
+                        entry,
+                        &format!("dimensions {dims:?} overflow"),
+                    )
+                })?;
+            let size = match ty.block() {
+                Some((per_block, bytes_per_block)) => {
+                    if dims[0] % per_block != 0 {
+                        return Err(r.malformed(
+                            &format!("tensor {name:?}"),
+                            entry,
+                            &format!("{ty} rows of {} elements are not whole blocks", dims[0]),
+                        ));
+                    }
+                    (count / per_block)
+                        .checked_mul(bytes_per_block)
+                        .unwrap_or(usize::MAX)
+                }
+                // Unsupported types: no size known here; checked when dequantised (refused).
+                None => 0,
+            };
+            let offset = usize::try_from(relative)
+                .ok()
+                .and_then(|o| o.checked_add(data_start))
+                .unwrap_or(usize::MAX);
+            let fits = offset
+                .checked_add(size)
+                .is_some_and(|end| end <= bytes.len());
+            if !fits {
+                return Err(GgufError::BadTensor {
+                    tensor: name,
+                    offset: relative.saturating_add(data_start as u64),
+                    reason: format!(
+                        "{size} bytes do not fit in the file ({} bytes)",
+                        bytes.len()
+                    ),
+                });
+            }
+            tensors.push(TensorInfo {
+                name,
+                dims,
+                ty,
+                offset,
+                size,
+            });
+        }
+        Ok(Self {
+            version,
+            metadata,
+            tensors,
+            bytes,
+        })
+    }
+
+    /// The directory entry of `name`.
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// A metadata value, or an error naming the key.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when absent.
+    pub fn get(&self, key: &str) -> Result<&Value, GgufError> {
+        self.metadata.get(key).ok_or_else(|| GgufError::Metadata {
+            key: key.into(),
+            reason: "absent".into(),
+        })
+    }
+
+    /// An unsigned integer value.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when absent or not a non-negative integer.
+    pub fn get_usize(&self, key: &str) -> Result<usize, GgufError> {
+        let v = self.get(key)?;
+        v.as_u64()
+            .and_then(|v| usize::try_from(v).ok())
+            .ok_or_else(|| GgufError::Metadata {
+                key: key.into(),
+                reason: format!("{v:?} is not an unsigned integer"),
+            })
+    }
+
+    /// A float value.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when absent or not a number.
+    pub fn get_f64(&self, key: &str) -> Result<f64, GgufError> {
+        let v = self.get(key)?;
+        v.as_f64().ok_or_else(|| GgufError::Metadata {
+            key: key.into(),
+            reason: format!("{v:?} is not a number"),
+        })
+    }
+
+    /// A string value.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when absent or not a string.
+    pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
+        let v = self.get(key)?;
+        v.as_str().ok_or_else(|| GgufError::Metadata {
+            key: key.into(),
+            reason: "not a string".into(),
+        })
+    }
+
+    /// An array of strings.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when absent or not an array of strings.
+    pub fn get_strings(&self, key: &str) -> Result<Vec<&str>, GgufError> {
+        let bad = |reason: &str| GgufError::Metadata {
+            key: key.into(),
+            reason: reason.into(),
+        };
+        match self.get(key)? {
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str()
+                        .ok_or_else(|| bad(&format!("element {i} is not a string")))
+                })
+                .collect(),
+            _ => Err(bad("not an array")),
+        }
+    }
+
+    /// The tensor `name` dequantised to `f32`, in the file's element order (row-major over
+    /// [`TensorInfo::shape`]).
+    ///
+    /// # Errors
+    /// [`GgufError::NoTensor`], [`GgufError::UnsupportedType`].
+    pub fn dequantize(&self, name: &str) -> Result<Vec<f32>, GgufError> {
+        let info = self
+            .tensor(name)
+            .ok_or_else(|| GgufError::NoTensor(name.into()))?;
+        self.dequantize_info(info)
+    }
+
+    /// As [`dequantize`](Self::dequantize), for a directory entry of this file.
+    ///
+    /// # Errors
+    /// [`GgufError::UnsupportedType`].
+    pub fn dequantize_info(&self, info: &TensorInfo) -> Result<Vec<f32>, GgufError> {
+        if info.ty.block().is_none() {
+            return Err(GgufError::UnsupportedType {
+                tensor: info.name.clone(),
+                ty: info.ty,
+            });
+        }
+        let data = &self.bytes[info.offset..info.offset + info.size];
+        Ok(dequantize(info.ty, data, info.len()))
+    }
+}
+
+fn half(bytes: &[u8]) -> f32 {
+    f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
+}
+
+/// Dequantises `count` elements of type `ty` from `data` (which holds exactly their blocks).
+fn dequantize(ty: GgmlType, data: &[u8], count: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(count);
+    match ty {
+        GgmlType::F32 => out.extend(
+            data.chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        ),
+        GgmlType::F16 => out.extend(data.chunks_exact(2).map(half)),
+        GgmlType::Bf16 => out.extend(
+            data.chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+        ),
+        GgmlType::Q4_0 => {
+            for block in data.chunks_exact(18) {
+                let d = half(&block[..2]);
+                let qs = &block[2..];
+                out.extend(qs.iter().map(|&q| d * ((q & 0x0f) as f32 - 8.0)));
+                out.extend(qs.iter().map(|&q| d * ((q >> 4) as f32 - 8.0)));
+            }
+        }
+        GgmlType::Q4_1 => {
+            for block in data.chunks_exact(20) {
+                let d = half(&block[..2]);
+                let m = half(&block[2..4]);
+                let qs = &block[4..];
+                out.extend(qs.iter().map(|&q| d * (q & 0x0f) as f32 + m));
+                out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+            }
+        }
+        GgmlType::Q8_0 => {
+            for block in data.chunks_exact(34) {
+                let d = half(&block[..2]);
+                out.extend(block[2..].iter().map(|&q| d * (q as i8) as f32));
+            }
+        }
+        GgmlType::Other(_) => unreachable!("refused by dequantize_info"),
+    }
+    debug_assert_eq!(out.len(), count);
+    out
+}
+
+/// Writes GGUF files (version 3): enough to build small test files and to re-save metadata
+/// with `F32` tensors. Used by the loader's tests; documented so that a downstream crate can
+/// make fixtures the same way.
+#[derive(Debug, Default)]
+pub struct GgufWriter {
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, Vec<usize>, GgmlType, Vec<u8>)>,
+}
+
+impl GgufWriter {
+    /// An empty file.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a metadata pair.
+    pub fn metadata(mut self, key: &str, value: Value) -> Self {
+        self.metadata.push((key.into(), value));
+        self
+    }
+
+    /// Adds an `F32` tensor of `shape` (outermost first, as [`TensorInfo::shape`]).
+    pub fn tensor_f32(self, name: &str, shape: &[usize], values: &[f32]) -> Self {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.tensor_raw(name, shape, GgmlType::F32, bytes)
+    }
+
+    /// Adds a tensor of any type from its raw blocks.
+    pub fn tensor_raw(mut self, name: &str, shape: &[usize], ty: GgmlType, bytes: Vec<u8>) -> Self {
+        let dims = shape.iter().rev().copied().collect();
+        self.tensors.push((name.into(), dims, ty, bytes));
+        self
+    }
+
+    /// The file's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        fn string(out: &mut Vec<u8>, s: &str) {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        }
+        fn type_id(v: &Value) -> u32 {
+            match v {
+                Value::U64(_) => 10,
+                Value::I64(_) => 11,
+                Value::F64(_) => 12,
+                Value::Bool(_) => 7,
+                Value::String(_) => 8,
+                Value::Array(_) => 9,
+            }
+        }
+        fn value(out: &mut Vec<u8>, v: &Value) {
+            match v {
+                Value::U64(x) => out.extend(x.to_le_bytes()),
+                Value::I64(x) => out.extend(x.to_le_bytes()),
+                Value::F64(x) => out.extend(x.to_le_bytes()),
+                Value::Bool(x) => out.push(*x as u8),
+                Value::String(s) => string(out, s),
+                Value::Array(items) => {
+                    out.extend(items.first().map_or(8, type_id).to_le_bytes());
+                    out.extend((items.len() as u64).to_le_bytes());
+                    items.iter().for_each(|i| value(out, i));
+                }
+            }
+        }
+        let type_code = |ty: GgmlType| match ty {
+            GgmlType::F32 => 0u32,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Bf16 => 30,
+            GgmlType::Other(id) => id,
+        };
+        let mut out = Vec::new();
+        out.extend(MAGIC);
+        out.extend(3u32.to_le_bytes());
+        out.extend((self.tensors.len() as u64).to_le_bytes());
+        out.extend((self.metadata.len() as u64).to_le_bytes());
+        for (key, v) in &self.metadata {
+            string(&mut out, key);
+            out.extend(type_id(v).to_le_bytes());
+            value(&mut out, v);
+        }
+        let mut offset = 0usize;
+        for (name, dims, ty, bytes) in &self.tensors {
+            string(&mut out, name);
+            out.extend((dims.len() as u32).to_le_bytes());
+            dims.iter()
+                .for_each(|d| out.extend((*d as u64).to_le_bytes()));
+            out.extend(type_code(*ty).to_le_bytes());
+            out.extend((offset as u64).to_le_bytes());
+            offset += bytes.len().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
+        }
+        for (_, _, _, bytes) in &self.tensors {
+            out.resize(out.len().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT, 0);
+            out.extend(bytes);
+        }
+        out
+    }
+}

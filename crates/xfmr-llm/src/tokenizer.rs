@@ -1,0 +1,319 @@
+//! The tokenizer a GGUF file describes, as a Hugging Face `tokenizers` tokenizer (no Python at
+//! run time), its chat template, and streamed decoding.
+//!
+//! For `tokenizer.ggml.model = "gpt2"` (byte-level BPE: SmolLM2, Llama 3, Qwen...), the
+//! tokenizer is assembled as Hugging Face `transformers` assembles it from the same file (its
+//! `GGUFGPTConverter`), which is what the parity fixtures were tokenized with:
+//!
+//! - a BPE model over `tokenizer.ggml.tokens` (id = index) and `tokenizer.ggml.merges`
+//!   (`"left right"`), no unknown token, no byte fallback;
+//! - GPT-2's byte-level pre-tokenizer (its split regex, no prefix space unless
+//!   `tokenizer.ggml.add_space_prefix` says so) and decoder;
+//! - every token of type 3 (`CONTROL`: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`...) added
+//!   as a special token, so that it is matched whole in the text and never split.
+//!
+//! Departure: llama.cpp pre-splits digits one by one for `tokenizer.ggml.pre = "smollm"` (as
+//! SmolLM's own `tokenizer.json` does); `transformers`, the reference here, applies GPT-2's
+//! split, which keeps runs of digits together. We follow the reference. Other `pre` names with
+//! their own split regexes (Llama 3, Qwen 2) are refused rather than tokenized wrongly.
+
+use minijinja::{context, Environment};
+use serde::Serialize;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{
+    AddedToken, DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper,
+    PostProcessorWrapper, PreTokenizerWrapper, Tokenizer,
+};
+
+use crate::gguf::{Gguf, GgufError, Value};
+use crate::LlmError;
+
+/// `tokenizer.ggml.pre` values whose split is GPT-2's (or is approximated by it in
+/// `transformers`, the reference: see the module docs).
+const GPT2_SPLIT_PRE: &[&str] = &["default", "gpt2", "gpt-2", "smollm", "starcoder", "refact"];
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Message {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message from `role`.
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A GGUF file's tokenizer, special ids and chat template.
+#[derive(Clone)]
+pub struct GgufTokenizer {
+    /// The Hugging Face tokenizer.
+    pub tokenizer: Tokenizer,
+    /// `tokenizer.ggml.bos_token_id`.
+    pub bos_id: Option<u32>,
+    /// `tokenizer.ggml.eos_token_id`: generation stops there.
+    pub eos_id: u32,
+    /// `tokenizer.ggml.padding_token_id`, else the end id.
+    pub pad_id: u32,
+    /// `tokenizer.ggml.add_bos_token`: prompts start with the BOS id.
+    pub add_bos: bool,
+    /// `tokenizer.chat_template`, a Jinja template.
+    pub chat_template: Option<String>,
+}
+
+impl std::fmt::Debug for GgufTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufTokenizer")
+            .field("vocab", &self.tokenizer.get_vocab_size(true))
+            .field("bos_id", &self.bos_id)
+            .field("eos_id", &self.eos_id)
+            .field("pad_id", &self.pad_id)
+            .field("add_bos", &self.add_bos)
+            .finish()
+    }
+}
+
+/// GPT-2's map from bytes to printable characters (`bytes_to_unicode`).
+fn byte_chars() -> [char; 256] {
+    let mut chars = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..256u32 {
+        let printable = (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        chars[b as usize] = if printable {
+            char::from_u32(b).expect("latin-1")
+        } else {
+            extra += 1;
+            char::from_u32(255 + extra).expect("valid")
+        };
+    }
+    chars
+}
+
+impl GgufTokenizer {
+    /// Builds the tokenizer from `gguf`'s metadata.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] naming a missing key, a tokenizer kind other than `gpt2`, a
+    /// pre-tokenizer with a split of its own, a malformed merge; tokenizer errors.
+    pub fn from_gguf(gguf: &Gguf) -> Result<Self, LlmError> {
+        let model = gguf.get_str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(GgufError::Metadata {
+                key: "tokenizer.ggml.model".into(),
+                reason: format!("{model:?}: only byte-level BPE (\"gpt2\") is supported"),
+            }
+            .into());
+        }
+        if let Some(pre) = gguf.metadata.get("tokenizer.ggml.pre") {
+            let pre = pre.as_str().unwrap_or_default();
+            if !GPT2_SPLIT_PRE.contains(&pre) {
+                return Err(GgufError::Metadata {
+                    key: "tokenizer.ggml.pre".into(),
+                    reason: format!(
+                        "{pre:?}: its split is not GPT-2's (supported: {GPT2_SPLIT_PRE:?})"
+                    ),
+                }
+                .into());
+            }
+        }
+        let tokens = gguf.get_strings("tokenizer.ggml.tokens")?;
+        let merges = gguf.get_strings("tokenizer.ggml.merges")?;
+        let types: Vec<Option<u64>> = match gguf.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(items)) => items.iter().map(Value::as_u64).collect(),
+            _ => Vec::new(),
+        };
+        // Tokens are written in GPT-2's byte-level spelling; one that is not (a raw string
+        // llama.cpp could not map back) is respelled, as `transformers` does.
+        let alphabet = byte_chars();
+        let spelled = |t: &str| -> String {
+            if t.chars().all(|c| alphabet.contains(&c)) {
+                t.to_string()
+            } else {
+                t.bytes().map(|b| alphabet[b as usize]).collect()
+            }
+        };
+        let mut vocab = Vocab::default();
+        for (i, t) in tokens.iter().enumerate() {
+            vocab.insert(spelled(t), i as u32);
+        }
+        let merges = merges
+            .iter()
+            .enumerate()
+            .map(|(i, m)| match m.split(' ').collect::<Vec<_>>()[..] {
+                [a, b] => Ok((a.to_string(), b.to_string())),
+                _ => Err(GgufError::Metadata {
+                    key: "tokenizer.ggml.merges".into(),
+                    reason: format!("merge {i} ({m:?}) is not two tokens"),
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| LlmError::Tokenizer(e.to_string()))?;
+        let add_prefix_space = matches!(
+            gguf.metadata.get("tokenizer.ggml.add_space_prefix"),
+            Some(Value::Bool(true))
+        );
+        let mut tokenizer = Tokenizer::new(bpe);
+        tokenizer.with_pre_tokenizer(Some(ByteLevel::new(add_prefix_space, true, true)));
+        tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
+        let control: Vec<AddedToken> = tokens
+            .iter()
+            .zip(&types)
+            .filter(|(t, ty)| **ty == Some(3) && t.chars().all(|c| alphabet.contains(&c)))
+            .map(|(t, _)| AddedToken::from(t.to_string(), true))
+            .collect();
+        tokenizer.add_special_tokens(&control);
+        let id = |key: &str| -> Result<Option<u32>, GgufError> {
+            match gguf.metadata.get(key) {
+                None => Ok(None),
+                Some(_) => {
+                    let id = gguf.get_usize(key)?;
+                    if id >= tokens.len() {
+                        return Err(GgufError::Metadata {
+                            key: key.into(),
+                            reason: format!("{id} is outside the {} tokens", tokens.len()),
+                        });
+                    }
+                    Ok(Some(id as u32))
+                }
+            }
+        };
+        let eos_id = id("tokenizer.ggml.eos_token_id")?.ok_or_else(|| GgufError::Metadata {
+            key: "tokenizer.ggml.eos_token_id".into(),
+            reason: "absent: generation would never stop".into(),
+        })?;
+        Ok(Self {
+            tokenizer,
+            bos_id: id("tokenizer.ggml.bos_token_id")?,
+            eos_id,
+            pad_id: id("tokenizer.ggml.padding_token_id")?.unwrap_or(eos_id),
+            add_bos: matches!(
+                gguf.metadata.get("tokenizer.ggml.add_bos_token"),
+                Some(Value::Bool(true))
+            ),
+            chat_template: gguf
+                .metadata
+                .get("tokenizer.chat_template")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+
+    /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are matched
+    /// whole. The BOS id is prepended when the file asks for it.
+    ///
+    /// # Errors
+    /// [`LlmError::Tokenizer`].
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, LlmError> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| LlmError::Tokenizer(e.to_string()))?;
+        let mut ids = Vec::with_capacity(encoding.len() + 1);
+        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
+            ids.push(bos);
+        }
+        ids.extend(encoding.get_ids());
+        Ok(ids)
+    }
+
+    /// The text of `ids`, special tokens left out.
+    ///
+    /// # Errors
+    /// [`LlmError::Tokenizer`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String, LlmError> {
+        self.tokenizer
+            .decode(ids, true)
+            .map_err(|e| LlmError::Tokenizer(e.to_string()))
+    }
+
+    /// A decoder that turns tokens into text one at a time (see [`TextStream`]).
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            inner: self.tokenizer.decode_stream(true),
+        }
+    }
+
+    /// `messages` rendered through the file's chat template, ending with the assistant's turn
+    /// when `add_generation_prompt` (the template decides; SmolLM2's adds its default system
+    /// message when the conversation has none).
+    ///
+    /// # Errors
+    /// [`LlmError::Template`] when the file has no template or it does not render.
+    pub fn render_chat(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String, LlmError> {
+        let source = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| LlmError::Template("the file has no tokenizer.chat_template".into()))?;
+        let mut env = Environment::new();
+        // As `transformers` renders chat templates.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    message,
+                ))
+            },
+        );
+        let template = env
+            .template_from_str(source)
+            .map_err(|e| LlmError::Template(e.to_string()))?;
+        let token = |id: Option<u32>| {
+            id.and_then(|id| self.tokenizer.id_to_token(id))
+                .unwrap_or_default()
+        };
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => token(self.bos_id),
+                eos_token => token(Some(self.eos_id)),
+            })
+            .map_err(|e| LlmError::Template(e.to_string()))
+    }
+}
+
+/// Text from tokens as they are generated: [`push`](Self::push) returns the new text once the
+/// bytes seen so far end on a whole character, so a multi-byte character split over several
+/// tokens is printed once, whole.
+pub struct TextStream<'a> {
+    inner: DecodeStream<
+        'a,
+        ModelWrapper,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    >,
+}
+
+impl TextStream<'_> {
+    /// The text `id` completes (empty while a character is still incomplete).
+    ///
+    /// # Errors
+    /// [`LlmError::Tokenizer`] for an id outside the vocabulary.
+    pub fn push(&mut self, id: u32) -> Result<String, LlmError> {
+        self.inner
+            .step(id)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| LlmError::Tokenizer(e.to_string()))
+    }
+}

