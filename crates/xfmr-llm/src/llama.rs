@@ -150,7 +150,10 @@ impl LlamaConfig {
                 ),
             ));
         }
-        if self.n_heads == 0 || self.d_model % self.n_heads != 0 || self.d_k() % 2 != 0 {
+        if self.n_heads == 0
+            || !self.d_model.is_multiple_of(self.n_heads)
+            || !self.d_k().is_multiple_of(2)
+        {
             return Err(bad(
                 "llama.attention.head_count",
                 format!(
@@ -159,7 +162,7 @@ impl LlamaConfig {
                 ),
             ));
         }
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(bad(
                 "llama.attention.head_count_kv",
                 format!(
@@ -274,7 +277,7 @@ pub fn state_dict(gguf: &Gguf, config: &LlamaConfig) -> Result<StateDict, GgufEr
             None
         };
         if let (Some(heads), &[rows, cols]) = (heads, &shape[..]) {
-            if rows != heads * d_k || d_k % 2 != 0 {
+            if rows != heads * d_k || !d_k.is_multiple_of(2) {
                 return Err(GgufError::BadTensor {
                     tensor: info.name.clone(),
                     offset: info.offset as u64,

@@ -386,9 +386,7 @@ impl Gguf {
                             &format!("{ty} rows of {} elements are not whole blocks", dims[0]),
                         ));
                     }
-                    (count / per_block)
-                        .checked_mul(bytes_per_block)
-                        .unwrap_or(usize::MAX)
+                    (count / per_block).saturating_mul(bytes_per_block)
                 }
                 // Unsupported types: no size known here; checked when dequantised (refused).
                 None => 0,

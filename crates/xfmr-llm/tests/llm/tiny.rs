@@ -14,7 +14,7 @@ pub const N_LAYERS: usize = 2;
 /// GPT-2's printable spelling of each byte (`bytes_to_unicode`), written out independently of
 /// the crate's own table.
 fn byte_level_alphabet() -> Vec<String> {
-    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
     let mut chars = vec![String::new(); 256];
     for &b in &printable {
         chars[b as usize] = char::from_u32(b).unwrap().to_string();
@@ -26,7 +26,6 @@ fn byte_level_alphabet() -> Vec<String> {
             n += 1;
         }
     }
-    printable.clear();
     chars
 }
 
@@ -72,9 +71,8 @@ fn blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut TestRng) -> Vec<u8> 
         GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
             for _ in 0..n / 32 {
                 out.extend(f16_bytes(rng.uniform(0.005, 0.05) as f32));
-                match ty {
-                    GgmlType::Q4_1 => out.extend(f16_bytes(rng.uniform(-0.2, 0.0) as f32)),
-                    _ => {}
+                if ty == GgmlType::Q4_1 {
+                    out.extend(f16_bytes(rng.uniform(-0.2, 0.0) as f32));
                 }
                 let len = if ty == GgmlType::Q8_0 { 32 } else { 16 };
                 for _ in 0..len {
