@@ -165,7 +165,9 @@ impl<B: Backend> LanguageModel<B> {
                 match stream.push(token) {
                     Ok(text) if !text.is_empty() => on_text(&text),
                     Ok(_) => {}
-                    Err(e) => stream_error = stream_error.take().or(Some(e)),
+                    Err(e) => {
+                        stream_error.get_or_insert(e);
+                    }
                 }
             },
         )?;

@@ -70,50 +70,46 @@ impl LlamaConfig {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self, GgufError> {
         let arch = gguf.get_str("general.architecture")?;
         if arch != "llama" {
-            return Err(GgufError::Metadata {
-                key: "general.architecture".into(),
-                reason: format!("{arch:?}: only \"llama\" models are supported"),
-            });
+            return Err(GgufError::metadata(
+                "general.architecture",
+                format!("{arch:?}: only \"llama\" models are supported"),
+            ));
         }
         let n_heads = gguf.get_usize("llama.attention.head_count")?;
-        let n_kv_heads = match gguf.metadata.get("llama.attention.head_count_kv") {
-            Some(_) => gguf.get_usize("llama.attention.head_count_kv")?,
-            None => n_heads,
-        };
+        let n_kv_heads = gguf
+            .opt_usize("llama.attention.head_count_kv")?
+            .unwrap_or(n_heads);
         let embedding = gguf
             .tensor("token_embd.weight")
             .ok_or_else(|| GgufError::NoTensor("token_embd.weight".into()))?;
         let d_model = gguf.get_usize("llama.embedding_length")?;
         let [vocab_size, width] = embedding.shape()[..] else {
-            return Err(GgufError::Metadata {
-                key: "token_embd.weight".into(),
-                reason: format!("shape {:?} is not 2-D", embedding.shape()),
-            });
+            return Err(GgufError::metadata(
+                "token_embd.weight",
+                format!("shape {:?} is not 2-D", embedding.shape()),
+            ));
         };
         if width != d_model {
-            return Err(GgufError::Metadata {
-                key: "llama.embedding_length".into(),
-                reason: format!("{d_model}, but token_embd.weight is {width} wide"),
-            });
+            return Err(GgufError::metadata(
+                "llama.embedding_length",
+                format!("{d_model}, but token_embd.weight is {width} wide"),
+            ));
         }
         if let Some(v) = gguf.metadata.get("llama.vocab_size") {
             if v.as_u64() != Some(vocab_size as u64) {
-                return Err(GgufError::Metadata {
-                    key: "llama.vocab_size".into(),
-                    reason: format!("{v:?}, but token_embd.weight has {vocab_size} rows"),
-                });
+                return Err(GgufError::metadata(
+                    "llama.vocab_size",
+                    format!("{v:?}, but token_embd.weight has {vocab_size} rows"),
+                ));
             }
         }
-        let theta = match gguf.metadata.get("llama.rope.freq_base") {
-            Some(_) => gguf.get_f64("llama.rope.freq_base")?,
-            None => 10000.0,
-        };
+        let theta = gguf.opt_f64("llama.rope.freq_base")?.unwrap_or(10000.0);
         if let Some(v) = gguf.metadata.get("llama.rope.dimension_count") {
             if n_heads == 0 || v.as_u64() != Some((d_model / n_heads) as u64) {
-                return Err(GgufError::Metadata {
-                    key: "llama.rope.dimension_count".into(),
-                    reason: format!("{v:?}: partial rotary embeddings are not supported"),
-                });
+                return Err(GgufError::metadata(
+                    "llama.rope.dimension_count",
+                    format!("{v:?}: partial rotary embeddings are not supported"),
+                ));
             }
         }
         let config = Self {
@@ -136,12 +132,8 @@ impl LlamaConfig {
     /// make the model larger than the file: every layer's tensors present, widths equal to
     /// theirs, heads dividing the width.
     fn check_against(&self, gguf: &Gguf) -> Result<(), GgufError> {
-        let bad = |key: &str, reason: String| GgufError::Metadata {
-            key: key.into(),
-            reason,
-        };
         if self.n_layers == 0 || self.n_layers > gguf.tensors.len() {
-            return Err(bad(
+            return Err(GgufError::metadata(
                 "llama.block_count",
                 format!(
                     "{} layers for {} tensors",
@@ -154,7 +146,7 @@ impl LlamaConfig {
             || !self.d_model.is_multiple_of(self.n_heads)
             || !self.d_k().is_multiple_of(2)
         {
-            return Err(bad(
+            return Err(GgufError::metadata(
                 "llama.attention.head_count",
                 format!(
                     "{} heads do not split the width {} into even head widths",
@@ -163,7 +155,7 @@ impl LlamaConfig {
             ));
         }
         if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(bad(
+            return Err(GgufError::metadata(
                 "llama.attention.head_count_kv",
                 format!(
                     "{} key/value heads do not divide {} heads",
@@ -185,7 +177,7 @@ impl LlamaConfig {
                     .ok_or_else(|| GgufError::NoTensor(name.clone()))?
                     .shape();
                 if found != shape {
-                    return Err(bad(
+                    return Err(GgufError::metadata(
                         &name,
                         format!("shape {found:?}, the metadata implies {shape:?}"),
                     ));
@@ -193,13 +185,13 @@ impl LlamaConfig {
             }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return Err(bad(
+            return Err(GgufError::metadata(
                 "llama.attention.layer_norm_rms_epsilon",
                 format!("{} is not a positive number", self.rms_norm_eps),
             ));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(bad(
+            return Err(GgufError::metadata(
                 "llama.rope.freq_base",
                 format!("{} is not a base > 1", self.rope_theta),
             ));

@@ -17,6 +17,8 @@
 //! split, which keeps runs of digits together. We follow the reference. Other `pre` names with
 //! their own split regexes (Llama 3, Qwen 2) are refused rather than tokenized wrongly.
 
+use std::collections::HashSet;
+
 use minijinja::{context, Environment};
 use serde::Serialize;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
@@ -107,21 +109,19 @@ impl GgufTokenizer {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self, LlmError> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(GgufError::Metadata {
-                key: "tokenizer.ggml.model".into(),
-                reason: format!("{model:?}: only byte-level BPE (\"gpt2\") is supported"),
-            }
+            return Err(GgufError::metadata(
+                "tokenizer.ggml.model",
+                format!("{model:?}: only byte-level BPE (\"gpt2\") is supported"),
+            )
             .into());
         }
         if let Some(pre) = gguf.metadata.get("tokenizer.ggml.pre") {
             let pre = pre.as_str().unwrap_or_default();
             if !GPT2_SPLIT_PRE.contains(&pre) {
-                return Err(GgufError::Metadata {
-                    key: "tokenizer.ggml.pre".into(),
-                    reason: format!(
-                        "{pre:?}: its split is not GPT-2's (supported: {GPT2_SPLIT_PRE:?})"
-                    ),
-                }
+                return Err(GgufError::metadata(
+                    "tokenizer.ggml.pre",
+                    format!("{pre:?}: its split is not GPT-2's (supported: {GPT2_SPLIT_PRE:?})"),
+                )
                 .into());
             }
         }
@@ -134,8 +134,10 @@ impl GgufTokenizer {
         // Tokens are written in GPT-2's byte-level spelling; one that is not (a raw string
         // llama.cpp could not map back) is respelled, as `transformers` does.
         let alphabet = byte_chars();
+        let in_alphabet: HashSet<char> = alphabet.iter().copied().collect();
+        let byte_level = |t: &str| t.chars().all(|c| in_alphabet.contains(&c));
         let spelled = |t: &str| -> String {
-            if t.chars().all(|c| alphabet.contains(&c)) {
+            if byte_level(t) {
                 t.to_string()
             } else {
                 t.bytes().map(|b| alphabet[b as usize]).collect()
@@ -150,10 +152,10 @@ impl GgufTokenizer {
             .enumerate()
             .map(|(i, m)| match m.split(' ').collect::<Vec<_>>()[..] {
                 [a, b] => Ok((a.to_string(), b.to_string())),
-                _ => Err(GgufError::Metadata {
-                    key: "tokenizer.ggml.merges".into(),
-                    reason: format!("merge {i} ({m:?}) is not two tokens"),
-                }),
+                _ => Err(GgufError::metadata(
+                    "tokenizer.ggml.merges",
+                    format!("merge {i} ({m:?}) is not two tokens"),
+                )),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let bpe = BPE::builder()
@@ -170,28 +172,24 @@ impl GgufTokenizer {
         let control: Vec<AddedToken> = tokens
             .iter()
             .zip(&types)
-            .filter(|(t, ty)| **ty == Some(3) && t.chars().all(|c| alphabet.contains(&c)))
+            .filter(|(t, ty)| **ty == Some(3) && byte_level(t))
             .map(|(t, _)| AddedToken::from(t.to_string(), true))
             .collect();
         tokenizer.add_special_tokens(&control);
         let id = |key: &str| -> Result<Option<u32>, GgufError> {
-            match gguf.metadata.get(key) {
-                None => Ok(None),
-                Some(_) => {
-                    let id = gguf.get_usize(key)?;
-                    if id >= tokens.len() {
-                        return Err(GgufError::Metadata {
-                            key: key.into(),
-                            reason: format!("{id} is outside the {} tokens", tokens.len()),
-                        });
-                    }
-                    Ok(Some(id as u32))
-                }
+            match gguf.opt_usize(key)? {
+                Some(id) if id >= tokens.len() => Err(GgufError::metadata(
+                    key,
+                    format!("{id} is outside the {} tokens", tokens.len()),
+                )),
+                id => Ok(id.map(|id| id as u32)),
             }
         };
-        let eos_id = id("tokenizer.ggml.eos_token_id")?.ok_or_else(|| GgufError::Metadata {
-            key: "tokenizer.ggml.eos_token_id".into(),
-            reason: "absent: generation would never stop".into(),
+        let eos_id = id("tokenizer.ggml.eos_token_id")?.ok_or_else(|| {
+            GgufError::metadata(
+                "tokenizer.ggml.eos_token_id",
+                "absent: generation would never stop",
+            )
         })?;
         Ok(Self {
             tokenizer,

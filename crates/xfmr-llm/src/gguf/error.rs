@@ -89,3 +89,13 @@ pub enum GgufError {
         message: String,
     },
 }
+
+impl GgufError {
+    /// A [`GgufError::Metadata`] about `key`.
+    pub fn metadata(key: &str, reason: impl Into<String>) -> Self {
+        Self::Metadata {
+            key: key.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -357,10 +357,10 @@ impl Gguf {
             Some(v) => match v.as_u64() {
                 Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a as usize,
                 _ => {
-                    return Err(GgufError::Metadata {
-                        key: "general.alignment".into(),
-                        reason: format!("{v:?} is not a power of two up to 2^20"),
-                    })
+                    return Err(GgufError::metadata(
+                        "general.alignment",
+                        format!("{v:?} is not a power of two up to 2^20"),
+                    ))
                 }
             },
         };
@@ -434,10 +434,9 @@ impl Gguf {
     /// # Errors
     /// [`GgufError::Metadata`] when absent.
     pub fn get(&self, key: &str) -> Result<&Value, GgufError> {
-        self.metadata.get(key).ok_or_else(|| GgufError::Metadata {
-            key: key.into(),
-            reason: "absent".into(),
-        })
+        self.metadata
+            .get(key)
+            .ok_or_else(|| GgufError::metadata(key, "absent"))
     }
 
     /// An unsigned integer value.
@@ -448,10 +447,29 @@ impl Gguf {
         let v = self.get(key)?;
         v.as_u64()
             .and_then(|v| usize::try_from(v).ok())
-            .ok_or_else(|| GgufError::Metadata {
-                key: key.into(),
-                reason: format!("{v:?} is not an unsigned integer"),
-            })
+            .ok_or_else(|| GgufError::metadata(key, format!("{v:?} is not an unsigned integer")))
+    }
+
+    /// An unsigned integer value if the key is present.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when present but not a non-negative integer.
+    pub fn opt_usize(&self, key: &str) -> Result<Option<usize>, GgufError> {
+        match self.metadata.contains_key(key) {
+            true => self.get_usize(key).map(Some),
+            false => Ok(None),
+        }
+    }
+
+    /// A float value if the key is present.
+    ///
+    /// # Errors
+    /// [`GgufError::Metadata`] when present but not a number.
+    pub fn opt_f64(&self, key: &str) -> Result<Option<f64>, GgufError> {
+        match self.metadata.contains_key(key) {
+            true => self.get_f64(key).map(Some),
+            false => Ok(None),
+        }
     }
 
     /// A float value.
@@ -460,10 +478,8 @@ impl Gguf {
     /// [`GgufError::Metadata`] when absent or not a number.
     pub fn get_f64(&self, key: &str) -> Result<f64, GgufError> {
         let v = self.get(key)?;
-        v.as_f64().ok_or_else(|| GgufError::Metadata {
-            key: key.into(),
-            reason: format!("{v:?} is not a number"),
-        })
+        v.as_f64()
+            .ok_or_else(|| GgufError::metadata(key, format!("{v:?} is not a number")))
     }
 
     /// A string value.
@@ -472,10 +488,8 @@ impl Gguf {
     /// [`GgufError::Metadata`] when absent or not a string.
     pub fn get_str(&self, key: &str) -> Result<&str, GgufError> {
         let v = self.get(key)?;
-        v.as_str().ok_or_else(|| GgufError::Metadata {
-            key: key.into(),
-            reason: "not a string".into(),
-        })
+        v.as_str()
+            .ok_or_else(|| GgufError::metadata(key, "not a string"))
     }
 
     /// An array of strings.
@@ -483,10 +497,7 @@ impl Gguf {
     /// # Errors
     /// [`GgufError::Metadata`] when absent or not an array of strings.
     pub fn get_strings(&self, key: &str) -> Result<Vec<&str>, GgufError> {
-        let bad = |reason: &str| GgufError::Metadata {
-            key: key.into(),
-            reason: reason.into(),
-        };
+        let bad = |reason: &str| GgufError::metadata(key, reason);
         match self.get(key)? {
             Value::Array(items) => items
                 .iter()

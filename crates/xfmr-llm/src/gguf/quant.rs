@@ -39,6 +39,19 @@ impl GgmlType {
         })
     }
 
+    /// The ggml id (the inverse of [`from_id`](Self::from_id)).
+    pub fn id(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Q4_0 => 2,
+            Self::Q4_1 => 3,
+            Self::Q8_0 => 8,
+            Self::Bf16 => 30,
+            Self::Other(id) => id,
+        }
+    }
+
     /// `(elements per block, bytes per block)` for the types read here.
     pub(crate) fn block(self) -> Option<(usize, usize)> {
         Some(match self {

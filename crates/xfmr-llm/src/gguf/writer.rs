@@ -66,15 +66,6 @@ impl GgufWriter {
                 }
             }
         }
-        let type_code = |ty: GgmlType| match ty {
-            GgmlType::F32 => 0u32,
-            GgmlType::F16 => 1,
-            GgmlType::Q4_0 => 2,
-            GgmlType::Q4_1 => 3,
-            GgmlType::Q8_0 => 8,
-            GgmlType::Bf16 => 30,
-            GgmlType::Other(id) => id,
-        };
         let mut out = Vec::new();
         out.extend(MAGIC);
         out.extend(3u32.to_le_bytes());
@@ -91,7 +82,7 @@ impl GgufWriter {
             out.extend((dims.len() as u32).to_le_bytes());
             dims.iter()
                 .for_each(|d| out.extend((*d as u64).to_le_bytes()));
-            out.extend(type_code(*ty).to_le_bytes());
+            out.extend(ty.id().to_le_bytes());
             out.extend((offset as u64).to_le_bytes());
             offset += bytes.len().div_ceil(DEFAULT_ALIGNMENT) * DEFAULT_ALIGNMENT;
         }
