@@ -24,26 +24,12 @@ fn model_dir() -> std::path::PathBuf {
     })
 }
 
-fn sentences(fixture: &Fixture) -> Vec<String> {
-    serde_json::from_str(fixture.metadata("sentences").expect("metadata `sentences`"))
-        .expect("`sentences` is a JSON list of strings")
-}
-
-fn ints(fixture: &Fixture, name: &str) -> Vec<u32> {
-    fixture
-        .host(name)
-        .values
-        .iter()
-        .map(|&v| v as u32)
-        .collect()
-}
-
 fn check<B: Backend>(atol: f64, what: &str) {
     let dir = model_dir();
     let device = B::Device::default();
     let encoder = SentenceEncoder::<B>::from_dir(&dir, &device).unwrap();
     let fixture = Fixture::load("minilm/reference");
-    let sentences = sentences(&fixture);
+    let sentences = fixture.metadata_strings("sentences");
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let ids = encoder.tokenize(&refs).unwrap();
     let d_model = encoder.config.layer.d_model;
@@ -52,7 +38,7 @@ fn check<B: Backend>(atol: f64, what: &str) {
     for (k, row) in ids.iter().enumerate() {
         assert_eq!(
             *row,
-            ints(&fixture, &format!("ids.{k}")),
+            fixture.ids(&format!("ids.{k}")),
             "{what}: token ids of sentence {k}"
         );
         let batch = encoder.batch(std::slice::from_ref(row)).unwrap();

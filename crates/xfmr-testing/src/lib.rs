@@ -133,6 +133,27 @@ impl Fixture {
         self.metadata.get(key).map(String::as_str)
     }
 
+    /// A metadata entry holding a JSON list of strings (`prompts`, `sentences`).
+    ///
+    /// # Panics
+    /// If the entry is absent or not such a list, naming the file and the key.
+    pub fn metadata_strings(&self, key: &str) -> Vec<String> {
+        let text = self
+            .metadata(key)
+            .unwrap_or_else(|| panic!("{}: no metadata `{key}`", self.path.display()));
+        serde_json::from_str(text).unwrap_or_else(|e| {
+            panic!(
+                "{}: metadata `{key}` is not a JSON list of strings: {e}",
+                self.path.display()
+            )
+        })
+    }
+
+    /// Tensor `name` (token ids, stored as integers) as `u32`s.
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        self.host(name).values.iter().map(|&v| v as u32).collect()
+    }
+
     /// A non-negative integer from `config`.
     ///
     /// # Panics

@@ -3,13 +3,13 @@
 //! a panic, a hang or a huge allocation), the Q/K permutation, and cached decoding.
 
 use burn::backend::NdArray;
-use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter, Value};
 use xfmr_llm::{llama, LanguageModel, LlmError, Message};
-use xfmr_models::{IncrementalDecoder, ModelError};
+use xfmr_models::ModelError;
 use xfmr_testing::{assert_close_slices, to_vec, TestRng};
 
 use crate::tiny::{self, tiny_gguf};
+use crate::{assert_cached_equals_full, row};
 
 type B = NdArray;
 
@@ -338,10 +338,7 @@ fn unpermuted_rows_with_half_split_rope_equal_stored_rows_with_interleaved_pairs
     });
     let interleaved =
         llama::load_weights(interleaved_config.init::<B>(&device).unwrap(), &stored).unwrap();
-    let ids = Tensor::<B, 2, Int>::from_data(
-        TensorData::new(vec![5i64, 100, 7, 259, 3, 42, 200, 9], [1, 8]),
-        &device,
-    );
+    let ids = row::<B>(&[5, 100, 7, 259, 3, 42, 200, 9], &device);
     let a = half_split.forward(ids.clone()).unwrap();
     let b = interleaved.forward(ids).unwrap();
     let shape = a.dims();
@@ -362,46 +359,13 @@ fn unpermuted_rows_with_half_split_rope_equal_stored_rows_with_interleaved_pairs
 /// wgpu is not run here.
 #[test]
 fn cached_decoding_equals_full_recomputation() {
-    let atol = 1e-4;
     let g = Gguf::parse(tiny_gguf(7)).unwrap();
-    let device = Default::default();
-    let lm = LanguageModel::<B>::from_gguf(&g, &device).unwrap();
-    let prompt: Vec<u32> = vec![10, 20, 30, 259, 40];
+    let lm = LanguageModel::<B>::from_gguf(&g, &Default::default()).unwrap();
+    let prompt = [10, 20, 30, 259, 40];
     let steps = 6;
-    let mut state = lm.model.start(1);
-    let mut tokens = prompt.clone();
-    let mut input = prompt.clone();
-    let vocab = lm.config.vocab_size;
-    for step in 0..steps {
-        let width = input.len();
-        let ids = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(input.iter().map(|&t| t as i64).collect(), [1, width]),
-            &device,
-        );
-        let cached = to_vec(&lm.model.step(&mut state, ids, false).unwrap().logits);
-        let all = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(
-                tokens.iter().map(|&t| t as i64).collect(),
-                [1, tokens.len()],
-            ),
-            &device,
-        );
-        let full = lm.model.forward(all).unwrap();
-        let last = to_vec(&full.narrow(1, tokens.len() - 1, 1).reshape([1, vocab]));
-        let shape = [vocab];
-        let what = format!("cached vs full, step {step}");
-        assert_close_slices(&cached, &shape, &last, &shape, atol, atol, &what);
-        let next = cached
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32;
-        tokens.push(next);
-        input = vec![next];
-    }
+    let state = assert_cached_equals_full(&lm.model, &prompt, steps, 1e-4, 1e-4);
     // Grouped heads are cached once: bytes per token from the configuration.
-    assert_eq!(state.cache.len(), tokens.len() - 1);
+    assert_eq!(state.cache.len(), prompt.len() + steps - 1);
     assert_eq!(
         state.cache.bytes(),
         state.cache.len() * lm.config.cache_bytes_per_token(4),

@@ -15,11 +15,11 @@
 
 use burn::backend::{Flex, NdArray, Wgpu};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_llm::gguf::Gguf;
 use xfmr_llm::{fetch, LanguageModel, Message};
-use xfmr_models::IncrementalDecoder;
 use xfmr_testing::{assert_close_slices, to_vec, Fixture};
+
+use crate::{assert_cached_equals_full, row};
 
 fn gguf() -> Gguf {
     let path = fetch::find_smollm2().unwrap_or_else(|| {
@@ -33,20 +33,6 @@ fn gguf() -> Gguf {
 
 fn fixture() -> Fixture {
     Fixture::load("smollm2/reference")
-}
-
-fn prompts(fixture: &Fixture) -> Vec<String> {
-    serde_json::from_str(fixture.metadata("prompts").expect("metadata `prompts`"))
-        .expect("`prompts` is a JSON list of strings")
-}
-
-fn ints(fixture: &Fixture, name: &str) -> Vec<u32> {
-    fixture
-        .host(name)
-        .values
-        .iter()
-        .map(|&v| v as u32)
-        .collect()
 }
 
 #[test]
@@ -99,10 +85,10 @@ fn configuration_and_prompt_ids_match() {
     assert_eq!(config.rope_theta, theta);
     let tok = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
     assert_eq!(tok.eos_id as usize, cfg("eos_id"));
-    for (k, prompt) in prompts(&fixture).iter().enumerate() {
+    for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         assert_eq!(
             tok.encode(prompt).unwrap(),
-            ints(&fixture, &format!("ids.{k}")),
+            fixture.ids(&format!("ids.{k}")),
             "prompt {k}"
         );
     }
@@ -115,7 +101,7 @@ fn chat_prompts_render_as_the_fixture_has_them() {
     let tok = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
     let fixture = fixture();
     let mut chats = 0;
-    for prompt in prompts(&fixture) {
+    for prompt in fixture.metadata_strings("prompts") {
         // A rendered chat: the user's message between its markers, re-rendered here.
         let Some(rest) = prompt.split("<|im_start|>user\n").nth(1) else {
             continue;
@@ -138,13 +124,10 @@ fn parity<B: Backend>(atol: f64, what: &str, greedy: bool) {
     let lm = LanguageModel::<B>::from_gguf(&gguf(), &device).unwrap();
     let fixture = fixture();
     let d_model = fixture.config_usize("d_model");
-    for (k, prompt) in prompts(&fixture).iter().enumerate() {
+    for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         let ids = lm.tokenizer.encode(prompt).unwrap();
         let len = ids.len();
-        let input = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(ids.iter().map(|&t| t as i64).collect(), [1, len]),
-            &device,
-        );
+        let input = row::<B>(&ids, &device);
         let hidden = lm.model.hidden(input.clone()).unwrap();
         let expected = fixture.host(&format!("hidden.{k}"));
         assert_eq!(expected.shape, vec![len, d_model]);
@@ -175,7 +158,7 @@ fn parity<B: Backend>(atol: f64, what: &str, greedy: bool) {
         }
         // Greedy through the cache: Hugging Face's sequence ends with the end token when it
         // stopped there; ours reports it as `finished`.
-        let expected = ints(&fixture, &format!("greedy.{k}"));
+        let expected = fixture.ids(&format!("greedy.{k}"));
         let generation = lm
             .model
             .generate(&[ids], &lm.greedy(expected.len()))
@@ -210,42 +193,10 @@ fn matches_transformers_on_wgpu() {
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn cached_generation_equals_full_recomputation() {
-    type B = NdArray;
-    let device = Default::default();
-    let lm = LanguageModel::<B>::from_gguf(&gguf(), &device).unwrap();
-    let fixture = fixture();
-    let prompt = prompts(&fixture).remove(0);
-    let mut tokens = lm.tokenizer.encode(&prompt).unwrap();
-    let mut state = lm.model.start(1);
-    let mut input = tokens.clone();
-    let vocab = lm.config.vocab_size;
-    for step in 0..12 {
-        let ids = |v: &[u32]| {
-            Tensor::<B, 2, Int>::from_data(
-                TensorData::new(v.iter().map(|&t| t as i64).collect(), [1, v.len()]),
-                &device,
-            )
-        };
-        let cached = to_vec(
-            &lm.model
-                .step(&mut state, ids(&input), false)
-                .unwrap()
-                .logits,
-        );
-        let full = lm.model.forward(ids(&tokens)).unwrap();
-        let last = to_vec(&full.narrow(1, tokens.len() - 1, 1).reshape([1, vocab]));
-        let shape = [vocab];
-        let what = format!("step {step}");
-        assert_close_slices(&cached, &shape, &last, &shape, 1e-3, 0.0, &what);
-        let next = cached
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .unwrap()
-            .0 as u32;
-        tokens.push(next);
-        input = vec![next];
-    }
+    let lm = LanguageModel::<NdArray>::from_gguf(&gguf(), &Default::default()).unwrap();
+    let prompt = fixture().metadata_strings("prompts").remove(0);
+    let ids = lm.tokenizer.encode(&prompt).unwrap();
+    let state = assert_cached_equals_full(&lm.model, &ids, 12, 1e-3, 0.0);
     // 3 key/value heads cached, not 9.
     let per_token = 2 * lm.config.n_layers * lm.config.n_kv_heads * lm.config.d_k() * 4;
     assert_eq!(state.cache.bytes(), state.cache.len() * per_token);
@@ -257,7 +208,7 @@ fn cached_generation_equals_full_recomputation() {
 fn batched_prompts_of_different_lengths_decode_as_alone() {
     type B = NdArray;
     let lm = LanguageModel::<B>::from_gguf(&gguf(), &Default::default()).unwrap();
-    let prompts = prompts(&fixture());
+    let prompts = fixture().metadata_strings("prompts");
     let options = lm.greedy(8);
     let batch = lm.complete_batch(&prompts, &options).unwrap();
     for (k, prompt) in prompts.iter().enumerate() {
