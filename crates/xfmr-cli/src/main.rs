@@ -216,9 +216,16 @@ enum BackendKind {
     Wgpu,
 }
 
-/// Runs `$body` with `B` bound to the chosen backend, or says how to compile it in.
+/// Runs `$body` with `B` bound to the chosen backend, or says how to compile it in. `wgpu` is
+/// burn's fused `Wgpu` by default; commands that decode through a key/value cache pass
+/// `wgpu = xfmr::backend::WgpuUnfused` (fusion decodes wrongly there: tracel-ai/burn#5257).
 macro_rules! with_backend {
     ($kind:expr, $command:literal, |$b:ident| $body:expr) => {
+        with_backend!($kind, $command, wgpu = xfmr::burn::backend::Wgpu, |$b| {
+            $body
+        })
+    };
+    ($kind:expr, $command:literal, wgpu = $wgpu:ty, |$b:ident| $body:expr) => {
         match $kind {
             #[cfg(feature = "ndarray")]
             BackendKind::Ndarray => {
@@ -232,7 +239,7 @@ macro_rules! with_backend {
             }
             #[cfg(feature = "wgpu")]
             BackendKind::Wgpu => {
-                type $b = xfmr::burn::backend::Wgpu;
+                type $b = $wgpu;
                 $body
             }
             #[allow(unreachable_patterns)]
@@ -261,9 +268,12 @@ fn main() -> ExitCode {
             n_best,
             backend,
             sentences,
-        } => with_backend!(backend, "translate", |B| {
-            translation::translate_cmd::<B>(&run, &sentences, beam, n_best)
-        }),
+        } => with_backend!(
+            backend,
+            "translate",
+            wgpu = xfmr::backend::WgpuUnfused,
+            |B| translation::translate_cmd::<B>(&run, &sentences, beam, n_best)
+        ),
         Command::Eval {
             run,
             tsv,
@@ -271,7 +281,7 @@ fn main() -> ExitCode {
             limit,
             hypotheses,
             backend,
-        } => with_backend!(backend, "eval", |B| {
+        } => with_backend!(backend, "eval", wgpu = xfmr::backend::WgpuUnfused, |B| {
             translation::eval_cmd::<B>(&run, &tsv, beam, limit, hypotheses.as_deref())
         }),
         Command::Attention {
@@ -279,9 +289,12 @@ fn main() -> ExitCode {
             out,
             backend,
             sentence,
-        } => with_backend!(backend, "attention", |B| {
-            translation::attention_cmd::<B>(&run, &sentence, &out)
-        }),
+        } => with_backend!(
+            backend,
+            "attention",
+            wgpu = xfmr::backend::WgpuUnfused,
+            |B| translation::attention_cmd::<B>(&run, &sentence, &out)
+        ),
         Command::PrepareData {
             input,
             out,
@@ -304,7 +317,12 @@ fn main() -> ExitCode {
         }
         Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
         Command::Generate { backend, args } => {
-            with_backend!(backend, "generate", |B| generate::generate::<B>(&args))
+            with_backend!(
+                backend,
+                "generate",
+                wgpu = xfmr::backend::WgpuUnfused,
+                |B| generate::generate::<B>(&args)
+            )
         }
         Command::Embed {
             sentences,

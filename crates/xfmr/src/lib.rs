@@ -23,6 +23,21 @@ pub use xfmr_blocks as blocks;
 pub use xfmr_models as models;
 pub use xfmr_position as position;
 
+/// Backend types beyond burn's own aliases.
+#[cfg(feature = "wgpu")]
+pub mod backend {
+    /// burn's wgpu backend without its kernel fusion (`burn::backend::Wgpu` is
+    /// `Fusion<CubeBackend<WgpuRuntime>>`).
+    ///
+    /// Decode through a key/value cache on this type, not on `Wgpu`: in burn 0.21 fusion with
+    /// autotune computes the first cached step after a prompt wrongly (upstream
+    /// [tracel-ai/burn#5257](https://github.com/tracel-ai/burn/issues/5257); on a tiny Llama
+    /// model the logits are off by ~2), while full passes agree. `xfmr generate`, `translate`,
+    /// `eval` and `attention` use this type for `--backend wgpu`; training keeps fusion.
+    pub type WgpuUnfused =
+        burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+}
+
 /// burn itself, re-exported so that users get the exact version xfmr is built against.
 pub use burn;
 

@@ -9,6 +9,11 @@ use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{DecoderOnly, IncrementalDecoder, LmState};
 use xfmr_testing::{assert_close_slices, to_vec};
 
+/// burn's wgpu backend without kernel fusion (`xfmr::backend::WgpuUnfused`): the fused one
+/// decodes wrongly through a key/value cache (tracel-ai/burn#5257).
+pub type WgpuUnfused =
+    burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+
 /// One row of token ids as a `[1, len]` tensor.
 pub fn row<B: Backend>(ids: &[u32], device: &B::Device) -> Tensor<B, 2, Int> {
     let values = ids.iter().map(|&t| t as i64).collect();
