@@ -380,8 +380,8 @@ impl<B: Backend> MultiHeadAttention<B> {
         need_weights: bool,
     ) -> Result<MhaOutput<B>, AttentionError> {
         let [batch, _, seq_q, _] = query.dims();
-        let key = self.repeat_kv(key);
-        let value = self.repeat_kv(value);
+        // Grouped key/value heads go to the attention as they are (it shares them without
+        // copying).
         let mut options = AttentionOptions::default()
             .with_optional_mask(mask)
             .with_dropout(self.dropout)
@@ -404,23 +404,6 @@ impl<B: Backend> MultiHeadAttention<B> {
             context,
             weights: out.weights,
         })
-    }
-
-    /// Repeats each key/value head for the `n_heads / n_kv_heads` query heads that share it.
-    ///
-    /// `[batch, n_kv_heads, seq, d_k]` → `[batch, n_heads, seq, d_k]`.
-    fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let group = self.n_heads / self.n_kv_heads;
-        if group == 1 {
-            return x;
-        }
-        let [batch, kv_heads, seq, d_k] = x.dims();
-        x
-            // (B, h_kv, T, d_k) -> (B, h_kv, 1, T, d_k) -> (B, h_kv, g, T, d_k)
-            .unsqueeze_dim::<5>(2)
-            .expand([batch, kv_heads, group, seq, d_k])
-            // -> (B, h_kv·g, T, d_k): query head j uses key/value head j / g
-            .reshape([batch, kv_heads * group, seq, d_k])
     }
 
     fn check_query(&self, query: &Tensor<B, 3>) -> Result<[usize; 3], AttentionError> {

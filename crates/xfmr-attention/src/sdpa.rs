@@ -22,6 +22,15 @@
 //! [`scaled_dot_product_attention`] uses the reference path when it must and otherwise the
 //! [`AttentionKernel`] chosen in the options ([`AttentionKernel::Auto`] by default). All paths give
 //! a **zero row** for a query whose keys are all ignored (never NaN and never a uniform average).
+//!
+//! **Grouped-query attention** (Ainslie et al., 2023; not in the paper): keys and values may
+//! have fewer heads than the queries, `h_kv` dividing `h`; query head `j` then attends with
+//! key/value head `j / (h / h_kv)`. The reference and decomposed paths never copy the keys and
+//! values for it: the `h / h_kv` query heads that share a key/value head are stacked into one
+//! `[(h / h_kv)·seq_q, d_k]` matrix, so each key/value head takes part in one matrix product
+//! (during decoding, when the cache is long and `seq_q` is 1, this is what keeps a step's cost
+//! independent of the number of query heads). The fused path repeats them, as burn's kernel
+//! wants equal head counts.
 
 use burn::nn::DropoutConfig;
 use burn::tensor::module::attention;
@@ -152,8 +161,9 @@ pub struct AttentionOutput<B: Backend, const D: usize = 4> {
 ///
 /// # Shapes
 /// - `query`: `[batch, heads, seq_q, d_k]`
-/// - `key`: `[batch, heads, seq_k, d_k]`
-/// - `value`: `[batch, heads, seq_k, d_v]`
+/// - `key`: `[batch, heads_kv, seq_k, d_k]`, `heads_kv` dividing `heads` (equal: plain
+///   multi-head attention; fewer: grouped-query attention, see the module docs)
+/// - `value`: `[batch, heads_kv, seq_k, d_v]`
 /// - output `context`: `[batch, heads, seq_q, d_v]`; `weights`: `[batch, heads, seq_q, seq_k]`
 ///
 /// # Errors
@@ -269,22 +279,23 @@ fn check_inputs<B: Backend>(
     let [batch, heads, seq_q, d_k] = query.dims();
     let [kb, kh, seq_k, kd] = key.dims();
     let [vb, vh, vs, _d_v] = value.dims();
-    if [kb, kh, kd] != [batch, heads, d_k] {
+    if [kb, kd] != [batch, d_k] || kh == 0 || heads % kh != 0 {
         return Err(AttentionError::InputShape {
             what: "key",
             actual: key.dims().to_vec(),
             expected: format!(
-                "[{batch}, {heads}, seq_k, {d_k}] to match query {:?}",
+                "[{batch}, heads_kv, seq_k, {d_k}] with heads_kv dividing {heads}, to match \
+                 query {:?}",
                 query.dims()
             ),
         });
     }
-    if [vb, vh, vs] != [batch, heads, seq_k] {
+    if [vb, vh, vs] != [batch, kh, seq_k] {
         return Err(AttentionError::InputShape {
             what: "value",
             actual: value.dims().to_vec(),
             expected: format!(
-                "[{batch}, {heads}, {seq_k}, d_v] to match key {:?}",
+                "[{batch}, {kh}, {seq_k}, d_v] to match key {:?}",
                 key.dims()
             ),
         });
@@ -309,8 +320,8 @@ fn reference_unchecked<B: Backend>(
     let (numerator, denominator) = softmax_parts(scores);
     let weights = numerator / denominator;
     let weights = DropoutConfig::new(options.dropout).init().forward(weights);
-    // (B, h, Tq, Tk) @ (B, h, Tk, d_v) -> (B, h, Tq, d_v)
-    let context = weights.clone().matmul(value);
+    // (B, h, Tq, Tk) @ (B, h_kv, Tk, d_v) -> (B, h, Tq, d_v)
+    let context = grouped_matmul(weights.clone(), value);
     AttentionOutput {
         context,
         weights: Some(weights),
@@ -327,8 +338,8 @@ fn scores<B: Backend>(
 ) -> Tensor<B, 4> {
     let [_, _, _, d_k] = query.dims();
     let scale = scale.unwrap_or(1.0 / (d_k as f64).sqrt());
-    // (B, h, Tq, d_k) @ (B, h, d_k, Tk) -> (B, h, Tq, Tk)
-    let mut scores = query.matmul(key.swap_dims(2, 3)).mul_scalar(scale);
+    // (B, h, Tq, d_k) @ (B, h_kv, d_k, Tk) -> (B, h, Tq, Tk)
+    let mut scores = grouped_matmul(query, key.swap_dims(2, 3)).mul_scalar(scale);
     if let Some(mask) = mask {
         let shape = scores.dims();
         scores = scores.mask_fill(mask.into_tensor().expand(shape), f32::NEG_INFINITY);
@@ -358,8 +369,38 @@ fn decomposed_unchecked<B: Backend>(
 ) -> Tensor<B, 4> {
     let scores = scores(query, key, options.mask, options.bias, options.scale);
     let (numerator, denominator) = softmax_parts(scores);
-    // (B, h, Tq, Tk) @ (B, h, Tk, d_v) -> (B, h, Tq, d_v), normalised per query row.
-    numerator.matmul(value) / denominator
+    // (B, h, Tq, Tk) @ (B, h_kv, Tk, d_v) -> (B, h, Tq, d_v), normalised per query row.
+    grouped_matmul(numerator, value) / denominator
+}
+
+/// `lhs @ rhs` where `rhs` has `h_kv` heads shared by groups of `h / h_kv` consecutive heads of
+/// `lhs`: `[batch, h, m, k] @ [batch, h_kv, k, n] -> [batch, h, m, n]`. Each group's rows are
+/// stacked into one `[(h / h_kv)·m, k]` matrix, so `rhs` is never copied.
+fn grouped_matmul<B: Backend>(lhs: Tensor<B, 4>, rhs: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [batch, heads, m, k] = lhs.dims();
+    let [_, heads_kv, _, n] = rhs.dims();
+    if heads == heads_kv {
+        return lhs.matmul(rhs);
+    }
+    let group = heads / heads_kv;
+    lhs.reshape([batch, heads_kv, group * m, k])
+        .matmul(rhs)
+        .reshape([batch, heads, m, n])
+}
+
+/// Repeats each of the `h_kv` heads of `x` for the `heads / h_kv` query heads that share it:
+/// `[batch, h_kv, seq, d]` → `[batch, heads, seq, d]` (query head `j` gets head `j / g`).
+fn repeat_heads<B: Backend>(x: Tensor<B, 4>, heads: usize) -> Tensor<B, 4> {
+    let [batch, heads_kv, seq, d] = x.dims();
+    if heads == heads_kv {
+        return x;
+    }
+    let group = heads / heads_kv;
+    x
+        // (B, h_kv, T, d) -> (B, h_kv, 1, T, d) -> (B, h_kv, g, T, d) -> (B, h_kv·g, T, d)
+        .unsqueeze_dim::<5>(2)
+        .expand([batch, heads_kv, group, seq, d])
+        .reshape([batch, heads, seq, d])
 }
 
 fn fused_unchecked<B: Backend>(
@@ -369,7 +410,10 @@ fn fused_unchecked<B: Backend>(
     options: AttentionOptions<B>,
     scores: [usize; 4],
 ) -> Tensor<B, 4> {
-    let [_, _, _, d_k] = query.dims();
+    let [_, heads, _, d_k] = query.dims();
+    // burn's kernel wants as many key/value heads as query heads.
+    let key = repeat_heads(key, heads);
+    let value = repeat_heads(value, heads);
     // Leave the scale unset when it is the default: some kernels only take the fast path then.
     let scale = options
         .scale

@@ -270,6 +270,29 @@ fn self_attention_is_permutation_equivariant() {
     assert!(max_abs_diff(&out.select(1, perm), &out_of_permuted) <= 1e-5);
 }
 
+/// Options with a random mask `[batch, 1, seq_q, seq_k]` (a third of the keys ignored, and every
+/// key of query row 0 of batch 1), and on odd trials a random bias `[1, heads, seq_q, seq_k]`.
+fn random_mask_and_bias<B: Backend>(
+    rng: &mut TestRng,
+    trial: usize,
+    [batch, heads, seq_q, seq_k]: [usize; 4],
+) -> AttentionOptions<B> {
+    let device = Default::default();
+    let mut ignored: Vec<bool> = (0..batch * seq_q * seq_k)
+        .map(|_| rng.below(3) == 0)
+        .collect();
+    ignored[seq_q * seq_k..seq_q * seq_k + seq_k].fill(true);
+    let mask = AttnMask::from_tensor(Tensor::from_data(
+        TensorData::new(ignored, [batch, 1, seq_q, seq_k]),
+        &device,
+    ));
+    let options = AttentionOptions::default().with_mask(mask);
+    match trial % 2 {
+        1 => options.with_bias(rng.tensor::<B, 4>([1, heads, seq_q, seq_k], 1.0, &device)),
+        _ => options,
+    }
+}
+
 /// Random q, k, v, masks (some rows fully masked) and biases: the fused, decomposed and reference
 /// paths agree (≤ 1e-5) on ndarray and on flex, and fully masked rows are exactly zero on all.
 fn attention_paths_agree<B: Backend>() {
@@ -280,22 +303,7 @@ fn attention_paths_agree<B: Backend>() {
         let q = rng.tensor::<B, 4>([batch, heads, seq_q, d_k], 1.0, &device);
         let k = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
         let v = rng.tensor::<B, 4>([batch, heads, seq_k, d_k], 1.0, &device);
-        let ignored: Vec<bool> = (0..batch * seq_q * seq_k)
-            .map(|_| rng.below(3) == 0)
-            .collect();
-        let mut ignored_rows = ignored.clone();
-        // Fully mask query row 0 of batch 1.
-        for kk in 0..seq_k {
-            ignored_rows[seq_q * seq_k + kk] = true;
-        }
-        let mask = AttnMask::from_tensor(Tensor::from_data(
-            TensorData::new(ignored_rows, [batch, 1, seq_q, seq_k]),
-            &device,
-        ));
-        let mut options = AttentionOptions::default().with_mask(mask);
-        if trial % 2 == 1 {
-            options = options.with_bias(rng.tensor::<B, 4>([1, heads, seq_q, seq_k], 1.0, &device));
-        }
+        let mut options = random_mask_and_bias(&mut rng, trial, [batch, heads, seq_q, seq_k]);
         if trial % 3 == 2 {
             options = options.with_scale(0.3);
         }
@@ -332,6 +340,73 @@ fn attention_paths_agree_ndarray() {
 #[test]
 fn attention_paths_agree_flex() {
     attention_paths_agree::<Flex>();
+}
+
+/// Attention with `h_kv < h` key/value heads (grouped-query) equals attention with each key/value
+/// head copied for its `h / h_kv` query heads (built here by index selection), on every path —
+/// reference (weights too), fused, decomposed — with masks, a fully masked row and biases
+/// (≤ 1e-6: the same sums in the same order); a head count that does not divide is an error.
+fn grouped_heads_equal_repeated_heads<B: Backend>() {
+    let device = Default::default();
+    let mut rng = TestRng::new(11);
+    let (batch, heads, d_k, d_v) = (2, 6, 8, 5);
+    for (trial, heads_kv) in [1, 2, 3, 2, 3, 1].into_iter().enumerate() {
+        let (seq_q, seq_k) = (1 + rng.below(5), 1 + rng.below(9));
+        let q = rng.tensor::<B, 4>([batch, heads, seq_q, d_k], 1.0, &device);
+        let k = rng.tensor::<B, 4>([batch, heads_kv, seq_k, d_k], 1.0, &device);
+        let v = rng.tensor::<B, 4>([batch, heads_kv, seq_k, d_v], 1.0, &device);
+        let group = heads / heads_kv;
+        let shared: Vec<i64> = (0..heads).map(|h| (h / group) as i64).collect();
+        let (k_rep, v_rep) = (
+            k.clone().select(1, indices::<B>(&shared)),
+            v.clone().select(1, indices::<B>(&shared)),
+        );
+        let options = random_mask_and_bias(&mut rng, trial, [batch, heads, seq_q, seq_k]);
+        let what = |path: &str| format!("trial {trial}, h_kv {heads_kv}, {path}");
+        let reference = |k: &Tensor<B, 4>, v: &Tensor<B, 4>| {
+            attention_reference(q.clone(), k.clone(), v.clone(), options.clone()).unwrap()
+        };
+        let (grouped, repeated) = (reference(&k, &v), reference(&k_rep, &v_rep));
+        assert_tensors_close(
+            &grouped.context,
+            &repeated.context,
+            1e-6,
+            0.0,
+            &what("reference"),
+        );
+        assert_tensors_close(
+            &grouped.weights.unwrap(),
+            &repeated.weights.unwrap(),
+            1e-6,
+            0.0,
+            &what("reference weights"),
+        );
+        for (path, run) in [
+            ("fused", attention_fused::<B> as fn(_, _, _, _) -> _),
+            ("decomposed", attention_decomposed::<B>),
+        ] {
+            let a = run(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
+            let b = run(q.clone(), k_rep.clone(), v_rep.clone(), options.clone()).unwrap();
+            assert_tensors_close(&a, &b, 1e-6, 0.0, &what(path));
+        }
+    }
+    let q = Tensor::<B, 4>::zeros([1, 6, 2, 4], &device);
+    let kv = Tensor::<B, 4>::zeros([1, 4, 3, 4], &device);
+    let err = scaled_dot_product_attention(q, kv.clone(), kv, AttentionOptions::default());
+    assert!(
+        matches!(err, Err(AttentionError::InputShape { what: "key", .. })),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn grouped_heads_equal_repeated_heads_ndarray() {
+    grouped_heads_equal_repeated_heads::<NdArray<f32>>();
+}
+
+#[test]
+fn grouped_heads_equal_repeated_heads_flex() {
+    grouped_heads_equal_repeated_heads::<Flex>();
 }
 
 /// Grouped-query attention equals full multi-head attention whose key/value heads are copies
