@@ -354,7 +354,7 @@ fn unpermuted_rows_with_half_split_rope_equal_stored_rows_with_interleaved_pairs
     );
 }
 
-/// Cached decoding equals full recomputation (≤ 1e-4) on `backend`.
+/// Cached decoding equals full recomputation (≤ 1e-4) on backend `B2`.
 fn cached_equals_full_on<B2: Backend>() {
     let g = Gguf::parse(tiny_gguf(7)).unwrap();
     let lm = LanguageModel::<B2>::from_gguf(&g, &Default::default()).unwrap();

@@ -6,8 +6,8 @@
 //! prompt ids identical; final hidden states and last-position logits ≤ 1e-3 absolute on the
 //! CPU backends (f32 sums in another order through 30 layers), 1e-2 on wgpu (its kernels
 //! accumulate differently); the greedy tokens identical on ndarray, flex and wgpu (run without
-//! burn's kernel fusion, whose cached decoding is wrong: tracel-ai/burn#5257). Cached generation equals full recomputation to
-//! 1e-3 on the logits.
+//! burn's kernel fusion, whose cached decoding is wrong: tracel-ai/burn#5257). Cached
+//! generation equals full recomputation to 1e-3 on the logits.
 //!
 //! The model is not in the repository: these tests are `#[ignore]`d with the command that
 //! enables them; run with `--ignored` they fail, naming the fetch command, when it is absent.
