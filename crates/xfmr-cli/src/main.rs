@@ -25,7 +25,10 @@ use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
 mod generate;
+mod metrics;
+mod parallel;
 mod plot;
+mod train;
 mod translation;
 
 /// Sentence pairs (Spanish TAB English) from the public-domain corpus; see data/README.md.
@@ -47,7 +50,7 @@ enum Command {
         #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
         backend: BackendKind,
         #[command(flatten)]
-        args: translation::TrainArgs,
+        args: train::TrainArgs,
     },
     /// Translates sentences (arguments, or stdin lines) with a trained run.
     Translate {
@@ -260,7 +263,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train { backend, args } => with_backend!(backend, "train", |B| {
-            translation::train::<xfmr::burn::backend::Autodiff<B>>(&args)
+            train::train::<xfmr::burn::backend::Autodiff<B>>(&args)
         }),
         Command::Translate {
             run,

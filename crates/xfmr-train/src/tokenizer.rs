@@ -209,6 +209,22 @@ impl SubwordTokenizer {
             .and_then(|id| self.inner.id_to_token(id))
     }
 
+    /// A fingerprint of the vocabulary: FNV-1a over every piece in id order. Equal
+    /// fingerprints mean the same pieces under the same ids (data-parallel ranks compare theirs
+    /// before training).
+    pub fn fingerprint(&self) -> u64 {
+        let bytes: Vec<u8> = (0..self.vocab_size())
+            .flat_map(|id| {
+                self.piece(id)
+                    .unwrap_or_default()
+                    .into_bytes()
+                    .into_iter()
+                    .chain([0])
+            })
+            .collect();
+        crate::data::fnv1a(&bytes)
+    }
+
     /// Detokenised text of `ids`, special tokens left out.
     ///
     /// # Errors

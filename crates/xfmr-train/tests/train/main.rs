@@ -1,7 +1,8 @@
 //! Tests of xfmr-train: metrics against sacreBLEU, the loss and schedule against their formulas,
-//! the training loop's resume, checkpoints and averaging.
+//! the training loop's resume, checkpoints and averaging, data-parallel membership.
 
 mod data;
+mod distributed;
 mod metrics;
 mod objective;
 mod tokenizer;

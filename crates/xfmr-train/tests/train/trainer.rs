@@ -162,6 +162,46 @@ fn params<B: burn::tensor::backend::Backend>(model: &impl Module<B>) -> Vec<Vec<
     c.0
 }
 
+/// The initial weights depend on the seed alone, not on the data: every parameter is drawn when
+/// the trainer is made. burn initialises parameters lazily; drawn on first use inside the first
+/// step, they came out between dropout masks, so data of other lengths gave other weights, and
+/// two data-parallel ranks (different rows) started apart.
+#[test]
+fn initial_weights_depend_on_the_seed_alone() {
+    let _guard = lock();
+    let device = Default::default();
+    // A learning rate too small to move a weight: after one step (dropout on, so masks are
+    // drawn) the weights are still the initial ones, up to steps of ~1e-20 on zero biases.
+    let weights_after_one_step = |config: TrainConfig, data_seed: u64| {
+        let mut trainer = Trainer::<Train>::new(
+            config.with_lr_factor(1e-20),
+            examples(40, data_seed),
+            &device,
+        )
+        .unwrap();
+        trainer.step().unwrap();
+        params(trainer.model())
+    };
+    let apart = |a: &[Vec<f32>], b: &[Vec<f32>]| {
+        a.iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max)
+    };
+    let one = weights_after_one_step(config(), 1);
+    let other_data = weights_after_one_step(config(), 2);
+    let worst = apart(&one, &other_data);
+    assert!(worst <= 1e-6, "other data, other initial weights: {worst}");
+    // Control: another seed gives other weights, far beyond that bound.
+    let other_seed = weights_after_one_step(config().with_seed(config().seed + 1), 1);
+    let control = apart(&one, &other_seed);
+    assert!(
+        control > 1e-2,
+        "another seed moved the weights by only {control}"
+    );
+}
+
 /// Training lowers the validation loss of a copy task well below the uniform guess.
 #[test]
 fn training_learns_a_copy_task() {

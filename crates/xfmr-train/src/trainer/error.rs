@@ -1,0 +1,72 @@
+//! What can go wrong while training, checkpointing or evaluating.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+use xfmr_models::ModelError;
+
+use crate::data::DataError;
+use crate::tokenizer::TokenizerError;
+
+/// What can go wrong while training, checkpointing or evaluating.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// From the model (configuration, sequence length, files).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// From the corpus.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// From the tokenizer.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// A checkpoint that is missing, incomplete, corrupt or of another run.
+    #[error("checkpoint {}: {problem}", path.display())]
+    Checkpoint {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// Another replica of a data-parallel run did not answer in time, or burn's collective
+    /// failed.
+    #[error(
+        "rank {rank} of {nodes}, device {device} of {devices}: {what}: {problem} (waiting for \
+         replica(s) {waiting_for:?}); restart every rank: they resume from the last checkpoint"
+    )]
+    Peer {
+        /// This process's rank.
+        rank: u32,
+        /// Processes in the run.
+        nodes: u32,
+        /// This replica's device in its process.
+        device: u32,
+        /// Replicas (devices) per process.
+        devices: u32,
+        /// The replicas (`rank · devices + device`) this one was waiting for.
+        waiting_for: Vec<u32>,
+        /// The operation (joining, the all-reduce of step N, ...).
+        what: String,
+        /// What went wrong.
+        problem: String,
+    },
+    /// A training option outside its range.
+    #[error("invalid training option {field} = {value}: {expected}")]
+    InvalidConfig {
+        /// The option.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+}
+
+impl TrainError {
+    pub(crate) fn checkpoint(path: impl Into<PathBuf>, problem: impl ToString) -> Self {
+        Self::Checkpoint {
+            path: path.into(),
+            problem: problem.to_string(),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! Checkpoints on disk: listing, atomic writing with a manifest, verification, loading,
+//! averaging, and parameter fingerprints.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+use xfmr_models::{checkpoint, Transformer, TransformerConfig};
+
+use super::TrainError;
+use crate::data::fnv1a;
+
+/// Name of the checkpoint directory inside a run directory.
+pub const CHECKPOINTS_DIR: &str = "checkpoints";
+pub(crate) const OPTIMIZER_FILE: &str = "optimizer.mpk";
+pub(crate) const TRAINER_FILE: &str = "trainer.json";
+const MANIFEST_FILE: &str = "manifest.json";
+
+/// The complete checkpoints of a run, oldest first, as (step, directory).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] if the directory exists but cannot be listed.
+pub fn checkpoints(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
+    let root = run_dir.join(CHECKPOINTS_DIR);
+    let entries = match fs::read_dir(&root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(TrainError::checkpoint(&root, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| TrainError::checkpoint(&root, e))?;
+        let name = entry.file_name();
+        let step = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("step-"))
+            .and_then(|n| n.parse::<usize>().ok());
+        if let Some(step) = step {
+            found.push((step, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The newest complete checkpoint of a run, if any.
+///
+/// # Errors
+/// As [`checkpoints`].
+pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
+    Ok(checkpoints(run_dir)?.pop().map(|(_, dir)| dir))
+}
+
+/// Loads a checkpoint's model (for translation or evaluation) after checking its manifest.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming the file that is missing or corrupt.
+pub fn load_model<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<(TransformerConfig, Transformer<B>), TrainError> {
+    verify_manifest(dir)?;
+    Ok(checkpoint::load::<B, TransformerConfig>(dir, device)?)
+}
+
+/// Saves a model for translation (no optimiser state) the way checkpoints are saved: into
+/// `dir.partial` with a manifest, then renamed to `dir` (an older `dir` is replaced), so
+/// [`load_model`] sees a complete model or none.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be written.
+pub fn save_model<B: Backend>(
+    model: &Transformer<B>,
+    config: &TransformerConfig,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    let files = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE];
+    publish(dir, &files, |partial| {
+        Ok(checkpoint::save::<B, TransformerConfig>(
+            model, config, partial,
+        )?)
+    })
+}
+
+/// Writes directory `dir` atomically: `fill` writes `files` into `<dir>.partial` (emptied
+/// first), a manifest of them is added, and the directory is renamed to `dir`, replacing an older
+/// one. A reader sees the whole directory or none ([`checkpoints`] skips `.partial` ones).
+pub(crate) fn publish(
+    dir: &Path,
+    files: &[&str],
+    fill: impl FnOnce(&Path) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    let partial = dir.with_extension("partial");
+    if partial.exists() {
+        fs::remove_dir_all(&partial).map_err(|e| TrainError::checkpoint(&partial, e))?;
+    }
+    fill(&partial)?;
+    write_manifest(&partial, files)?;
+    if dir.exists() {
+        fs::remove_dir_all(dir).map_err(|e| TrainError::checkpoint(dir, e))?;
+    }
+    fs::rename(&partial, dir).map_err(|e| TrainError::checkpoint(dir, e))
+}
+
+/// The element-wise mean of the checkpoints' parameters (paper §6.1: "averaging the last 5
+/// checkpoints"). Every checkpoint must hold the same configuration.
+///
+/// # Errors
+/// No directory given, a corrupt checkpoint, or differing configurations.
+pub fn average_checkpoints<B: Backend>(
+    dirs: &[PathBuf],
+    device: &B::Device,
+) -> Result<(TransformerConfig, Transformer<B>), TrainError> {
+    let (first, rest) = dirs.split_first().ok_or(TrainError::InvalidConfig {
+        field: "checkpoints",
+        value: "none".into(),
+        expected: "at least one checkpoint to average",
+    })?;
+    let (config, model) = load_model::<B>(first, device)?;
+    let mut sums = collect_params(&model);
+    for dir in rest {
+        verify_manifest(dir)?;
+        let other = checkpoint::load_expecting::<B, TransformerConfig>(dir, &config, device)?;
+        for (sum, p) in sums.iter_mut().zip(collect_params(&other)) {
+            *sum = sum.clone() + p;
+        }
+    }
+    let n = dirs.len() as f64;
+    let mut mapper = ReplaceParams {
+        values: sums.into_iter().map(|s| s.div_scalar(n)).collect(),
+        next: 0,
+    };
+    Ok((config, model.map(&mut mapper)))
+}
+
+/// A fingerprint of a model's parameter values: FNV-1a over their f32 bytes in the module's
+/// visiting order. Equal fingerprints mean bit-identical replicas (data-parallel ranks check
+/// theirs against each other at every checkpoint).
+pub fn parameter_fingerprint<B: Backend>(model: &Transformer<B>) -> u64 {
+    let bytes: Vec<u8> = collect_params(model)
+        .into_iter()
+        .flat_map(|t| {
+            t.into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .expect("f32 data")
+                .into_iter()
+                .flat_map(f32::to_le_bytes)
+        })
+        .collect();
+    fnv1a(&bytes)
+}
+
+fn collect_params<B: Backend>(model: &Transformer<B>) -> Vec<Tensor<B, 1>> {
+    struct Collect<B: Backend>(Vec<Tensor<B, 1>>);
+    impl<B: Backend> ModuleVisitor<B> for Collect<B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let t = param.val();
+            let n = t.shape().num_elements();
+            self.0.push(t.reshape([n]));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+struct ReplaceParams<B: Backend> {
+    values: Vec<Tensor<B, 1>>,
+    next: usize,
+}
+
+impl<B: Backend> ModuleMapper<B> for ReplaceParams<B> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        let value = self.values[self.next].clone();
+        self.next += 1;
+        param.map(|t| value.reshape(t.shape()))
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileSum {
+    bytes: u64,
+    fnv1a: String,
+}
+
+fn write_manifest(dir: &Path, names: &[&str]) -> Result<(), TrainError> {
+    let mut files = BTreeMap::new();
+    for &name in names {
+        let path = dir.join(name);
+        let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
+        files.insert(
+            name.to_string(),
+            FileSum {
+                bytes: bytes.len() as u64,
+                fnv1a: format!("{:016x}", fnv1a(&bytes)),
+            },
+        );
+    }
+    let json = serde_json::to_vec_pretty(&files)
+        .map_err(|e| TrainError::checkpoint(dir.join(MANIFEST_FILE), e))?;
+    Ok(checkpoint::write_atomic(&dir.join(MANIFEST_FILE), &json)?)
+}
+
+/// Checks every file a checkpoint's manifest lists: present, of the recorded size and hash.
+pub(crate) fn verify_manifest(dir: &Path) -> Result<(), TrainError> {
+    if !dir.is_dir() {
+        return Err(TrainError::checkpoint(dir, "not a checkpoint directory"));
+    }
+    let files: BTreeMap<String, FileSum> = read_json(&dir.join(MANIFEST_FILE))?;
+    for name in [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE] {
+        if !files.contains_key(name) {
+            return Err(TrainError::checkpoint(
+                dir.join(MANIFEST_FILE),
+                format!("does not list {name}"),
+            ));
+        }
+    }
+    for (name, sum) in &files {
+        let path = dir.join(name);
+        let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
+        if bytes.len() as u64 != sum.bytes {
+            return Err(TrainError::checkpoint(
+                &path,
+                format!(
+                    "{} bytes, the manifest says {} (truncated?)",
+                    bytes.len(),
+                    sum.bytes
+                ),
+            ));
+        }
+        let hash = format!("{:016x}", fnv1a(&bytes));
+        if hash != sum.fnv1a {
+            return Err(TrainError::checkpoint(
+                &path,
+                format!("checksum {hash}, the manifest says {} (corrupt)", sum.fnv1a),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
+    let text = fs::read_to_string(path).map_err(|e| TrainError::checkpoint(path, e))?;
+    serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))
+}
