@@ -29,10 +29,17 @@ pub(crate) fn local_devices<B: Backend>(n: u32) -> Result<Vec<B::Device>, String
     }
     let index = |i: u32| u16::try_from(i).map_err(|_| format!("--devices {n}: too many"));
     for kind in [default.id().type_id, 0] {
-        if B::device_count(kind) >= n as usize {
-            let devices = (0..n)
-                .map(|i| Ok(B::Device::from_id(DeviceId::new(kind, index(i)?))))
-                .collect::<Result<Vec<_>, String>>()?;
+        if B::device_count(kind) < n as usize {
+            continue;
+        }
+        let devices = (0..n)
+            .map(|i| Ok(B::Device::from_id(DeviceId::new(kind, index(i)?))))
+            .collect::<Result<Vec<_>, String>>()?;
+        // A kind whose index means nothing (wgpu's `DefaultDevice`) gives one device n times.
+        let mut ids: Vec<DeviceId> = devices.iter().map(DeviceOps::id).collect();
+        ids.sort();
+        ids.dedup();
+        if ids.len() == devices.len() {
             eprintln!("{n} replicas on {devices:?}");
             return Ok(devices);
         }
