@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""xfmr (ndarray, flex) against PyTorch on the speed workloads of issue 13, side by side in one
+run on one machine, printed as one ratio table (throughput, higher is better; xfmr / PyTorch).
+
+- W1: multi-head self-attention, batch 8, seq 256, d_model 512, 8 heads, inference.
+  PyTorch: `nn.MultiheadAttention(batch_first=True)`, `need_weights=False`.
+- W2: encoder stack, `base` widths (512, 8 heads, d_ff 2048, 6 post-norm layers), batch 8 × 128
+  tokens, inference. PyTorch: `nn.TransformerEncoder` of 6 `nn.TransformerEncoderLayer`s.
+- W3: one training step (forward, backward, Adam) of the CPU-sized encoder-decoder (`xfmr
+  train`'s default preset: d_model 128, 4 heads, d_ff 512, 3 + 3 layers, dropout 0.1, shared and
+  tied embeddings, label smoothing 0.1) on the embedded Spanish-English batches: the same BPE
+  vocabulary (the run's tokenizer.json), the same token-count batches in the same order (the
+  batching and the seeded shuffle ported from `xfmr_train::data`). Median step time and tokens/s
+  (source + target tokens) over the steps after `--skip`. PyTorch: `nn.Transformer` with the same
+  embeddings, positions and loss, `torch.optim.Adam(β = (0.9, 0.98), ε = 1e-9)`.
+- W4: batch-1 greedy decoding of exactly 128 tokens with the `base` encoder-decoder (random
+  weights, 37,000-token vocabulary) from a 24-token source. PyTorch: Hugging Face
+  transformers' `MarianMTModel` at the same widths (sinusoidal positions, post-norm, ReLU,
+  shared embeddings: the paper's model) through `generate` with its key/value cache.
+- W5: all-MiniLM-L6-v2 embeddings of 1,000 sentences, batch 32 (`benches/compare_embed.py`).
+- W6: SmolLM2-135M generation tokens/s (`benches/compare_generate.py`).
+
+f32, `--threads` threads on both sides (`RAYON_NUM_THREADS` for xfmr, `torch.set_num_threads`),
+median of `--iters` timed runs after warm-ups. Every measurement runs in a process of its own, so
+the peak resident memory (RSS) of each is reported too.
+
+    python3 benches/compare_pytorch.py [--workloads w1 w2 w3 w4 w5 w6] [--iters 10]
+
+Needs `torch` for the peer (and `transformers` for W4 and W6, `sentence-transformers` for W5,
+`tokenizers` for W3); a missing one skips that peer with a note.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+EXAMPLE = os.path.join(TARGET, "release/examples/workloads")
+XFMR = os.path.join(TARGET, "release/xfmr")
+
+
+def run_measured(cmd, env=None):
+    """Runs `cmd`; returns (exit code, stdout, stderr, peak RSS in MiB of that process alone)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+        return os.waitstatus_to_exitcode(status), stdout, stderr, usage.ru_maxrss / 1024
+
+
+def checked(cmd, env=None):
+    """`run_measured` for a command that must succeed: (stdout, stderr, peak RSS in MiB)."""
+    code, stdout, stderr, rss = run_measured(cmd, env)
+    if code != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({code}):\n{stderr}")
+    return stdout, stderr, rss
+
+
+def xfmr_env(threads):
+    return dict(os.environ, RAYON_NUM_THREADS=str(threads))
+
+
+def torch_worker(workload, args, *extra):
+    """Runs this script as a PyTorch worker in its own process; None if the peer is missing
+    (the worker exits with 3 then)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", workload, "--iters",
+           str(args.iters), "--threads", str(args.threads), "--skip", str(args.skip), *extra]
+    code, stdout, stderr, rss = run_measured(cmd)
+    if code == 3:
+        print(f"{workload}: PyTorch peer skipped: {stderr.strip()}", file=sys.stderr)
+        return None
+    if code != 0:
+        sys.exit(f"the PyTorch worker for {workload} failed ({code}):\n{stderr}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["rss_mib"] = rss
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The PyTorch side (run with --worker).
+
+
+def median_secs(iters, f, warmup=2):
+    for _ in range(warmup):
+        f()
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def worker_w1(torch, iters):
+    batch, seq, d_model, heads = 8, 256, 512, 8
+    mha = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
+    x = torch.rand(batch, seq, d_model)
+    with torch.inference_mode():
+        secs = median_secs(iters, lambda: mha(x, x, x, need_weights=False))
+    return secs, batch, "sequences"
+
+
+def worker_w2(torch, iters):
+    batch, seq = 8, 128
+    layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval()
+    x = torch.rand(batch, seq, 512)
+    with torch.inference_mode():
+        secs = median_secs(iters, lambda: encoder(x))
+    return secs, batch * seq, "tokens"
+
+
+def worker_w4(torch, iters):
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError as e:
+        print(f"transformers not importable ({e})", file=sys.stderr)
+        sys.exit(3)
+    new_tokens = 128
+    config = MarianConfig(
+        vocab_size=37000, d_model=512, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048, activation_function="relu", max_position_embeddings=1024,
+        scale_embedding=True, pad_token_id=0, eos_token_id=2, decoder_start_token_id=1,
+        forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )
+    model = MarianMTModel(config).eval()
+    source = torch.tensor([[10 + 37 * i for i in range(24)]])
+    with torch.inference_mode():
+        def run():
+            out = model.generate(source, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 num_beams=1, do_sample=False)
+            assert out.shape[1] == new_tokens + 1, out.shape  # + the start token
+        secs = median_secs(iters, run, warmup=1)
+    return secs, new_tokens, "tokens"
+
+
+class SplitMix64:
+    """`xfmr_train::data::SplitMix64`, bit for bit."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def next(self):
+        m = (1 << 64) - 1
+        self.state = (self.state + 0x9E3779B97F4A7C15) & m
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        return z ^ (z >> 31)
+
+
+def shuffled(n, seed, epoch):
+    """`xfmr_train::data::shuffled`: the batch order of an epoch."""
+    rng = SplitMix64(seed ^ ((epoch * 0xD1B54A32D192ED03) & ((1 << 64) - 1)))
+    order = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = rng.next() % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def token_batches(lengths, max_tokens):
+    """`xfmr_train::data::token_batches`: pairs sorted by length, cut by padded size."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][1], lengths[i][0], i))
+    batches, batch, longest = [], [], 0
+    for i in order:
+        length = max(lengths[i])
+        wider = max(longest, length)
+        if batch and (len(batch) + 1) * wider > max_tokens:
+            batches.append(batch)
+            batch, longest = [], 0
+        longest = max(longest, length)
+        batch.append(i)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def worker_w3(torch, iters, tokenizer_json, skip, max_tokens=2000, max_len=100, seed=42):
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:
+        print(f"tokenizers not importable ({e})", file=sys.stderr)
+        sys.exit(3)
+    nn = torch.nn
+    tok = Tokenizer.from_file(tokenizer_json)
+    pad, bos, eos = 0, 1, 2
+    pairs = []
+    with open(os.path.join(ROOT, "crates/xfmr-cli/data/es-en/train.tsv")) as f:
+        for line in f:
+            src, tgt = line.rstrip("\n").split("\t")
+            s = tok.encode(src, add_special_tokens=False).ids
+            t = tok.encode(tgt, add_special_tokens=False).ids
+            if len(s) <= max_len and len(t) <= max_len:
+                pairs.append((s, t))
+    batches = token_batches([(len(s) + 1, len(t) + 1) for s, t in pairs], max_tokens)
+    order = shuffled(len(batches), seed, 0)
+    vocab, d_model = tok.get_vocab_size(), 128
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d_model)
+            self.core = nn.Transformer(d_model, 4, 3, 3, 512, dropout=0.1, batch_first=True)
+            self.drop = nn.Dropout(0.1)
+            position = torch.arange(1024).unsqueeze(1)
+            div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+            table = torch.zeros(1024, d_model)
+            table[:, 0::2], table[:, 1::2] = torch.sin(position * div), torch.cos(position * div)
+            self.register_buffer("table", table)
+
+        def inputs(self, ids):
+            x = self.embed(ids) * math.sqrt(d_model) + self.table[: ids.shape[1]]
+            return self.drop(x)
+
+        def forward(self, src, tgt_in):
+            causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])
+            h = self.core(self.inputs(src), self.inputs(tgt_in), tgt_mask=causal,
+                          src_key_padding_mask=src == pad, tgt_key_padding_mask=tgt_in == pad,
+                          memory_key_padding_mask=src == pad, tgt_is_causal=True)
+            return h @ self.embed.weight.T  # tied output projection
+
+    model = Model().train()
+    optim = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+
+    def padded(rows, length):
+        return torch.tensor([r + [pad] * (length - len(r)) for r in rows])
+
+    times, tokens = [], []
+    for step in range(skip + iters):
+        rows = [pairs[i] for i in batches[order[step % len(order)]]]
+        src = padded([s + [eos] for s, _ in rows], max(len(s) + 1 for s, _ in rows))
+        t_len = max(len(t) + 1 for _, t in rows)
+        tgt_in = padded([[bos] + t for _, t in rows], t_len)
+        tgt_out = padded([t + [eos] for _, t in rows], t_len)
+        start = time.perf_counter()
+        logits = model(src, tgt_in)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, vocab), tgt_out.reshape(-1),
+                                           ignore_index=pad, label_smoothing=0.1)
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        float(loss)
+        if step >= skip:
+            times.append(time.perf_counter() - start)
+            tokens.append(sum(len(s) + len(t) + 2 for s, t in rows))
+    return statistics.median(times), sum(tokens) / len(tokens), "tokens"
+
+
+def worker(args):
+    try:
+        import torch
+    except ImportError as e:
+        print(f"torch not importable ({e})", file=sys.stderr)
+        sys.exit(3)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.worker == "w3":
+        secs, units, unit = worker_w3(torch, args.iters, args.tokenizer, args.skip)
+    else:
+        secs, units, unit = {"w1": worker_w1, "w2": worker_w2, "w4": worker_w4}[args.worker](
+            torch, args.iters)
+    print(json.dumps({"workload": args.worker.upper(), "impl": f"pytorch {torch.__version__}",
+                      "backend": "cpu", "median_ms": secs * 1e3, "per_s": units / secs,
+                      "unit": unit}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The xfmr side and the table.
+
+
+def xfmr_example(workload, backend, iters, threads):
+    stdout, _, rss = checked([EXAMPLE, workload, str(iters), backend], xfmr_env(threads))
+    result = json.loads(stdout.strip().splitlines()[-1])
+    result["rss_mib"] = rss
+    return result
+
+
+def xfmr_w3(backend, iters, skip, threads, out):
+    steps = skip + iters
+    run = os.path.join(out, f"w3-{backend}")
+    _, _, rss = checked(
+        [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps),
+         "--checkpoint-every", str(steps), "--eval-every", "1000000", "--average", "1",
+         "--test-sentences", "0"], xfmr_env(threads))
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if '"train"' in line]
+    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])][skip - 1:]
+    tokens = [r["tokens"] for r in rows][skip:]
+    secs = statistics.median(times)
+    return {"workload": "W3", "impl": "xfmr", "backend": backend, "median_ms": secs * 1e3,
+            "per_s": statistics.mean(tokens) / secs, "unit": "tokens", "rss_mib": rss,
+            "tokenizer": os.path.join(run, "tokenizer.json")}
+
+
+def w5_rows(backends, repeats, threads):
+    import compare_embed as ce
+    with open(os.path.join(ROOT, "benches/data/kjv_1000.txt")) as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    model = ce.model_dir()
+    path = os.path.join(ROOT, "benches/data/kjv_1000.txt")
+    rows = []
+    seconds, _ = ce.peer(sentences, model, repeats, threads)
+    if seconds is not None:
+        import torch
+        rows.append({"workload": "W5", "impl": f"pytorch {torch.__version__}", "backend": "cpu",
+                     "per_s": len(sentences) / seconds, "unit": "sentences"})
+    for backend in backends:
+        seconds, _ = ce.xfmr(backend, path, model, repeats)
+        rows.append({"workload": "W5", "impl": "xfmr", "backend": backend,
+                     "per_s": len(sentences) / seconds, "unit": "sentences"})
+    return rows
+
+
+def w6_rows(backends, repeats, threads):
+    import compare_generate as cg
+    path = cg.gguf_path()
+    rows = []
+    runs, _, name = cg.peer(path, repeats, threads)
+    if runs:
+        rows.append({"workload": "W6", "impl": f"transformers ({name})", "backend": "cpu",
+                     "per_s": statistics.median(r[2] for r in runs), "unit": "tokens"})
+    for backend in backends:
+        runs, _ = cg.xfmr(backend, path, repeats)
+        rows.append({"workload": "W6", "impl": "xfmr", "backend": backend,
+                     "per_s": statistics.median(r[2] for r in runs), "unit": "tokens"})
+    return rows
+
+
+def print_table(rows):
+    print(f"\n| workload | implementation | backend | time (ms) | throughput | vs PyTorch "
+          f"| peak RSS (MiB) |\n|---|---|---|---|---|---|---|")
+    for workload in sorted({r["workload"] for r in rows}):
+        group = [r for r in rows if r["workload"] == workload]
+        peer = next((r for r in group if r["backend"] == "cpu"), None)
+        for r in group:
+            ratio = f"{r['per_s'] / peer['per_s']:.2f}×" if peer else "–"
+            ms = f"{r['median_ms']:.1f}" if "median_ms" in r else "–"
+            rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "–"
+            print(f"| {workload} | {r['impl']} | {r['backend']} | {ms} "
+                  f"| {r['per_s']:.1f} {r['unit']}/s | {ratio} | {rss} |")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", nargs="+", default=["w1", "w2", "w3", "w4", "w5", "w6"])
+    p.add_argument("--backends", nargs="+", default=["ndarray", "flex"])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--skip", type=int, default=5, help="W3: warm-up steps left out")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--example", "workloads"],
+                   cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli"], cwd=ROOT, check=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as out:
+        for w in args.workloads:
+            print(f"{w} ...", file=sys.stderr, flush=True)
+            if w in ("w1", "w2", "w4"):
+                for backend in args.backends:
+                    rows.append(xfmr_example(w, backend, args.iters, args.threads))
+                peer = torch_worker(w, args)
+            elif w == "w3":
+                for backend in args.backends:
+                    rows.append(xfmr_w3(backend, args.iters, args.skip, args.threads, out))
+                # The same BPE vocabulary as xfmr's runs (they learn the same one).
+                peer = torch_worker(w, args, "--tokenizer", rows[-1]["tokenizer"])
+            elif w == "w5":
+                rows.extend(w5_rows(args.backends, max(3, args.iters // 3), args.threads))
+                peer = None
+            elif w == "w6":
+                rows.extend(w6_rows(args.backends, max(3, args.iters // 2), args.threads))
+                peer = None
+            else:
+                sys.exit(f"unknown workload {w}")
+            if peer:
+                rows.append(peer)
+    print(f"{args.threads} threads on both sides; median of {args.iters} timed runs "
+          f"(W5: best of its repeats, W6: median; see their scripts)")
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+//! The speed workloads of `docs/benchmarks.md` that run inside one program, on the CPU
+//! backends, printed as one JSON object per line (read by `benches/compare_pytorch.py`, which
+//! runs PyTorch on the same shapes in the same run):
+//!
+//! - `w1`: multi-head self-attention, batch 8, seq 256, d_model 512, 8 heads, inference.
+//! - `w2`: the encoder stack at the paper's `base` widths (d_model 512, 8 heads, d_ff 2048, 6
+//!   post-norm layers, no dropout), batch 8 × 128 tokens, inference.
+//! - `w4`: batch-1 greedy decoding of exactly 128 tokens with the paper's `base`
+//!   encoder-decoder (37,000-token shared vocabulary, random weights) from a 24-token source,
+//!   through the key/value cache.
+//!
+//! Each is timed `iters` times after 2 warm-ups, reading the result back to the host each time;
+//! the median counts. f32; the backends use every core (run with `RAYON_NUM_THREADS=2` to match
+//! PyTorch's 2 threads).
+//!
+//! ```text
+//! cargo run --release -p xfmr --features flex --example workloads -- w2 [iters] [ndarray|flex]
+//! ```
+
+use std::time::Instant;
+
+use burn::backend::{Flex, NdArray};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+use xfmr::attention::{MhaInput, MultiHeadAttentionConfig};
+use xfmr::blocks::{LayerConfig, SelfAttentionInput, StackConfig};
+use xfmr::models::{GenerationOptions, TransformerConfig};
+
+/// Median seconds of `iters` runs of `f` after 2 warm-ups.
+fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {
+    for _ in 0..2 {
+        f();
+    }
+    let mut times: Vec<f64> = (0..iters)
+        .map(|_| {
+            let start = Instant::now();
+            f();
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[iters / 2]
+}
+
+/// One JSON line: the workload, the backend, the median time and the throughput in `unit`s.
+fn report(workload: &str, backend: &str, secs: f64, units: f64, unit: &str) {
+    println!(
+        "{{\"workload\": \"{workload}\", \"impl\": \"xfmr\", \"backend\": \"{backend}\", \
+         \"median_ms\": {:.3}, \"per_s\": {:.3}, \"unit\": \"{unit}\"}}",
+        secs * 1e3,
+        units / secs
+    );
+}
+
+fn w1<B: Backend>(backend: &str, iters: usize) {
+    let (batch, seq, d_model, heads) = (8, 256, 512, 8);
+    let device = B::Device::default();
+    let x = Tensor::<B, 3>::random([batch, seq, d_model], Distribution::Default, &device);
+    let mha = MultiHeadAttentionConfig::new(d_model, heads).init::<B>(&device);
+    let secs = median_secs(iters, || {
+        let _ = mha
+            .forward(MhaInput::self_attn(x.clone()))
+            .context
+            .into_data();
+    });
+    report("W1", backend, secs, batch as f64, "sequences");
+}
+
+fn w2<B: Backend>(backend: &str, iters: usize) {
+    let (batch, seq) = (8, 128);
+    let device = B::Device::default();
+    let layer = LayerConfig::new(512, 8, 2048).with_dropout(0.0);
+    let encoder = StackConfig::new(layer, 6)
+        .init_encoder::<B>(&device)
+        .expect("a valid configuration");
+    let x = Tensor::<B, 3>::random([batch, seq, 512], Distribution::Default, &device);
+    let secs = median_secs(iters, || {
+        let _ = encoder
+            .forward(SelfAttentionInput::new(x.clone()))
+            .into_data();
+    });
+    report("W2", backend, secs, (batch * seq) as f64, "tokens");
+}
+
+fn w4<B: Backend>(backend: &str, iters: usize) {
+    const NEW_TOKENS: usize = 128;
+    let device = B::Device::default();
+    let model = TransformerConfig::base(37_000)
+        .map_layer(|l| l.with_dropout(0.0))
+        .init::<B>(&device)
+        .expect("a valid configuration");
+    let source: Vec<u32> = (0..24).map(|i| 10 + 37 * i).collect();
+    // End token 2 held off until the last position: exactly 128 tokens.
+    let options = GenerationOptions::greedy(NEW_TOKENS, 2, 0).with_min_len(NEW_TOKENS);
+    let secs = median_secs(iters, || {
+        let out = model
+            .generate(std::slice::from_ref(&source), 1, &options)
+            .expect("generation runs");
+        assert_eq!(out.best_tokens()[0].len(), NEW_TOKENS);
+    });
+    report("W4", backend, secs, NEW_TOKENS as f64, "tokens");
+}
+
+fn run<B: Backend>(workload: &str, backend: &str, iters: usize) {
+    match workload {
+        "w1" => w1::<B>(backend, iters),
+        "w2" => w2::<B>(backend, iters),
+        "w4" => w4::<B>(backend, iters),
+        other => panic!("unknown workload {other:?}: w1, w2 or w4"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let workload = args.first().map_or("w1", String::as_str);
+    let iters: usize = args
+        .get(1)
+        .map_or(10, |n| n.parse().expect("iters: a number"));
+    let backends = match args.get(2).map(String::as_str) {
+        Some(one) => vec![one],
+        None => vec!["ndarray", "flex"],
+    };
+    for backend in backends {
+        match backend {
+            "ndarray" => run::<NdArray>(workload, backend, iters),
+            "flex" => run::<Flex>(workload, backend, iters),
+            other => panic!("unknown backend {other:?}: ndarray or flex"),
+        }
+    }
+}
