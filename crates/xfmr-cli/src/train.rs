@@ -271,46 +271,33 @@ pub fn train<B: AutodiffBackend>(args: &TrainArgs) -> Result<(), String> {
     // the metrics), the others spawned. A replica that fails while the others may be waiting
     // for it in a collective operation ends the process at once, rather than after they time
     // out; what it leaves on disk is complete (checkpoints are written atomically).
-    let first = thread::scope(|scope| {
+    thread::scope(|scope| {
         let mut replicas = trainers.into_iter().zip(&devices).enumerate();
         let (_, (first, first_device)) = replicas.next().expect("at least one replica");
+        let valid = &valid;
         let others: Vec<_> = replicas
             .map(|(index, (trainer, device))| {
-                let valid = &valid;
                 scope.spawn(move || {
-                    let run = || -> Result<(), String> {
-                        let mut trainer =
-                            join_run::<B>(trainer, args, index as u32, vocabulary, device)?;
-                        let hidden = ProgressBar::hidden();
-                        train_steps(&mut trainer, args, total, valid, None, &hidden)?;
-                        trainer.finish().map_err(|e| e.to_string())
-                    };
-                    run().map_err(fail_fast::<String>)
+                    let join = Some((index as u32, vocabulary, device));
+                    let hidden = ProgressBar::hidden();
+                    run_replica(trainer, args, join, total, valid, None, &hidden)
+                        .map_err(fail_fast::<String>)
                 })
             })
             .collect();
-        let run = || -> Result<Trainer<B>, String> {
-            let mut trainer = first;
-            if data_parallel {
-                trainer = join_run::<B>(trainer, args, 0, vocabulary, first_device)?;
-            }
-            train_steps(&mut trainer, args, total, &valid, metrics.as_mut(), &bar)?;
-            trainer.finish().map_err(|e| e.to_string())?;
-            Ok(trainer)
-        };
-        let first = match run() {
+        let join = data_parallel.then_some((0, vocabulary, first_device));
+        match run_replica(first, args, join, total, valid, metrics.as_mut(), &bar) {
             Err(e) if several => fail_fast(e),
             result => result,
-        };
+        }?;
         for other in others {
             other
                 .join()
                 .map_err(|_| "a replica's thread panicked".to_string())??;
         }
-        first
+        Ok::<(), String>(())
     })?;
     bar.finish();
-    drop(first);
     let Some(metrics) = metrics else {
         eprintln!(
             "rank {}: {total} steps done; rank 0 writes the run to {}",
@@ -416,6 +403,28 @@ fn open_trainer<B: AutodiffBackend>(
         write_atomic(&args.out.join("train-config.json"), &json).map_err(|e| e.to_string())?;
     }
     Trainer::<B>::new(config, examples, device).map_err(|e| e.to_string())
+}
+
+/// Trains one replica up to step `total` ([`train_steps`]) and leaves the data-parallel run.
+/// `join`: the replica's index in this process, the vocabulary's fingerprint and its device,
+/// when it is part of a data-parallel run ([`join_run`]); `None` trains alone.
+fn run_replica<B: AutodiffBackend>(
+    trainer: Trainer<B>,
+    args: &TrainArgs,
+    join: Option<(u32, u64, &B::Device)>,
+    total: usize,
+    valid: &[Example],
+    metrics: Option<&mut Metrics>,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    let mut trainer = match join {
+        Some((index, vocabulary, device)) => {
+            join_run::<B>(trainer, args, index, vocabulary, device)?
+        }
+        None => trainer,
+    };
+    train_steps(&mut trainer, args, total, valid, metrics, bar)?;
+    trainer.finish().map_err(|e| e.to_string())
 }
 
 /// Trains `trainer` up to step `total`: the progress bar, the data-parallel fingerprint check
