@@ -350,8 +350,12 @@ fn fingerprints(stderr: &str) -> Vec<(String, String)> {
 /// each replica reading its share of every batch. Every replica prints its parameters'
 /// fingerprint at each checkpoint (steps 3 and 6) and they all agree (the replicas also check
 /// this among themselves); the parameters equal those of one process trained on the whole
-/// batches (≤ 1e-5 on every weight after 6 Adam steps; dropout off, since dropout masks depend
-/// on how a batch is split).
+/// batches (≤ 1e-4 on every weight after 6 Adam steps; dropout off, since dropout masks depend
+/// on how a batch is split). 1e-4 is the bound the resume test uses, for the same reason: burn's
+/// backward pass sums a shared parameter's contributions (the tied embedding's) in an order that
+/// varies between runs, so the single-process reference is not reproducible bit for bit (its
+/// checkpoint hash differed in six runs of one command); against it the replicas were 2.4e-7 or
+/// 5.04e-5 apart, the latter in about half of the runs, for 2 × 1, 1 × 2 and 2 × 2 alike.
 ///
 /// Adam's ε is 0.1 here, not the paper's 1e-9. With ε ≪ √v an early Adam step is about
 /// `lr · sign(g)`, so a gradient that is zero but for rounding (the key projection's bias,
@@ -460,7 +464,7 @@ fn data_parallel_trains_as_one(nodes: usize, devices: usize) {
             worst = worst.max((a - b).abs());
         }
     }
-    assert!(worst <= 1e-5, "max |parallel − single| = {worst}");
+    assert!(worst <= 1e-4, "max |parallel − single| = {worst}");
     // The two runs did move the weights: the comparison is not of two initialisations.
     let initial_gap = checkpoint_params(&single.join("checkpoints/step-00000003"))
         .iter()
