@@ -41,6 +41,9 @@
 #![warn(missing_docs)]
 
 mod cache;
+#[cfg(feature = "flex")]
+#[allow(unsafe_code)]
+mod cpu;
 mod error;
 mod input;
 mod mask;

@@ -19,6 +19,10 @@
 //!   `[seq_q, seq_k]` pass becomes a `[seq_q, d_v]` one. Measured faster than burn's fused op
 //!   on the ndarray and flex backends for moderate lengths (docs/benchmarks.md).
 //!
+//! On the `flex` backend (with this crate's `flex` feature) a fourth path, xfmr's own CPU kernel
+//! ([`AttentionKernel::Cpu`]), computes the whole of it per block of query rows without
+//! materialising the scores, reading the head-split views in place.
+//!
 //! [`scaled_dot_product_attention`] uses the reference path when it must and otherwise the
 //! [`AttentionKernel`] chosen in the options ([`AttentionKernel::Auto`] by default). All paths give
 //! a **zero row** for a query whose keys are all ignored (never NaN and never a uniform average).
@@ -44,6 +48,7 @@ use crate::{AttentionError, AttnMask};
 /// dropout is inactive.
 #[derive(burn::config::Config, Debug, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
+    /// [`Cpu`](Self::Cpu) where it runs (the `flex` backend, f32, not under autodiff); elsewhere
     /// [`Decomposed`](Self::Decomposed) while one head's score matrix has at most
     /// [`AttentionKernel::AUTO_FUSED_ABOVE`] elements, [`Fused`](Self::Fused) above, where not
     /// materialising the scores matters more than speed at small sizes.
@@ -52,6 +57,13 @@ pub enum AttentionKernel {
     Fused,
     /// Two matrix products with late normalisation ([`attention_decomposed`]).
     Decomposed,
+    /// xfmr's own CPU kernel (`src/cpu.rs`): per (batch, head, block of query rows), the scores
+    /// block, a one-pass masked softmax with a vectorised `exp`, and the product with `V`, on
+    /// flex's thread pool; the scores are never materialised whole and the strided head views
+    /// are read in place. Runs on the `flex` backend in f32 outside autodiff, with the `flex`
+    /// feature of this crate (the facade's `flex` turns it on); elsewhere it resolves as
+    /// [`Auto`](Self::Auto) does.
+    Cpu,
 }
 
 // Not derived: burn's `Config` derive does not accept the `#[default]` variant attribute.
@@ -66,12 +78,27 @@ impl AttentionKernel {
     /// `seq_q · seq_k` above which [`AttentionKernel::Auto`] uses the fused kernel: 1024 × 1024.
     pub const AUTO_FUSED_ABOVE: usize = 1 << 20;
 
-    /// The concrete kernel for scores of `seq_q × seq_k` per head.
+    /// The concrete kernel for scores of `seq_q × seq_k` per head, on a backend where
+    /// [`Cpu`](Self::Cpu) does not run.
     pub fn resolve(self, seq_q: usize, seq_k: usize) -> Self {
         match self {
-            Self::Auto if seq_q * seq_k > Self::AUTO_FUSED_ABOVE => Self::Fused,
-            Self::Auto => Self::Decomposed,
+            Self::Auto | Self::Cpu if seq_q * seq_k > Self::AUTO_FUSED_ABOVE => Self::Fused,
+            Self::Auto | Self::Cpu => Self::Decomposed,
             other => other,
+        }
+    }
+
+    /// Whether [`Cpu`](Self::Cpu) runs on backend `B` for tensors of `dtype`: with this crate's
+    /// `flex` feature, on `burn::backend::Flex` itself (f32, not under `Autodiff`).
+    pub fn cpu_supported<B: Backend>(dtype: burn::tensor::DType) -> bool {
+        #[cfg(feature = "flex")]
+        {
+            crate::cpu::supported::<B>(dtype)
+        }
+        #[cfg(not(feature = "flex"))]
+        {
+            let _ = dtype;
+            false
         }
     }
 }
@@ -197,6 +224,17 @@ pub fn scaled_dot_product_attention<B: Backend>(
     let dropout_active = options.dropout > 0.0 && B::ad_enabled(&query.device());
     if options.need_weights || dropout_active {
         return Ok(reference_unchecked(query, key, value, options));
+    }
+    #[cfg(feature = "flex")]
+    if matches!(options.kernel, AttentionKernel::Auto | AttentionKernel::Cpu)
+        && AttentionKernel::cpu_supported::<B>(query.dtype())
+    {
+        let context =
+            crate::cpu::attention(query, key, value, options.mask, options.bias, options.scale);
+        return Ok(AttentionOutput {
+            context,
+            weights: None,
+        });
     }
     let [_, _, seq_q, seq_k] = scores;
     let context = match options.kernel.resolve(seq_q, seq_k) {

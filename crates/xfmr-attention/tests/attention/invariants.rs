@@ -6,11 +6,11 @@ use burn::backend::{Autodiff, Flex, NdArray};
 use burn::module::Param;
 use burn::nn::Linear;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use xfmr_attention::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
-    AttentionError, AttentionOptions, AttnMask, KvCache, MhaInput, MultiHeadAttention,
-    MultiHeadAttentionConfig,
+    AttentionError, AttentionKernel, AttentionOptions, AttnMask, KvCache, MhaInput,
+    MultiHeadAttention, MultiHeadAttentionConfig,
 };
 use xfmr_testing::{assert_tensors_close, max_abs_diff, to_vec, TestRng};
 
@@ -340,6 +340,89 @@ fn attention_paths_agree_ndarray() {
 #[test]
 fn attention_paths_agree_flex() {
     attention_paths_agree::<Flex>();
+}
+
+/// xfmr's own flex kernel ([`AttentionKernel::Cpu`]) against the reference path on flex
+/// (≤ 1e-5 absolute, as the other paths): random q, k, v read through strided head-split views
+/// (as multi-head attention hands them over), grouped key/value heads, masks with a fully masked
+/// row (exactly zero), biases, a non-default scale, `d_v ≠ d_k`, and a case long enough to be cut
+/// into several blocks of query rows. `Auto` takes the same kernel on flex (bit for bit) and not
+/// under autodiff.
+#[test]
+fn cpu_kernel_equals_reference_flex() {
+    type B = Flex;
+    if !AttentionKernel::cpu_supported::<B>(DType::F32) {
+        eprintln!(
+            "SKIPPED cpu_kernel_equals_reference_flex: xfmr-attention built without its `flex` \
+             feature; run `cargo test -p xfmr-attention --features flex` (the workspace's \
+             `cargo test --workspace` turns it on)"
+        );
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the flex kernel is not built in CI"
+        );
+        return;
+    }
+    assert!(!AttentionKernel::cpu_supported::<Autodiff<B>>(DType::F32));
+    let device = Default::default();
+    let mut rng = TestRng::new(23);
+    let cases = [
+        // (batch, heads, heads_kv, seq_q, seq_k, d_k, d_v)
+        (2, 6, 6, 5, 9, 8, 8),
+        (2, 6, 2, 4, 7, 8, 5),
+        (2, 6, 3, 1, 11, 16, 4),
+        (2, 6, 1, 6, 1, 8, 8),
+        (1, 2, 2, 300, 700, 8, 6),
+        (3, 4, 2, 33, 17, 12, 12),
+    ];
+    for (trial, (batch, heads, heads_kv, seq_q, seq_k, d_k, d_v)) in cases.into_iter().enumerate() {
+        // [batch, seq, heads, d] storage viewed as [batch, heads, seq, d], as in multi-head
+        // attention: the kernel reads the strided views in place.
+        let q = rng
+            .tensor::<B, 4>([batch, seq_q, heads, d_k], 1.0, &device)
+            .swap_dims(1, 2);
+        let k = rng
+            .tensor::<B, 4>([batch, seq_k, heads_kv, d_k], 1.0, &device)
+            .swap_dims(1, 2);
+        let v = rng
+            .tensor::<B, 4>([batch, seq_k, heads_kv, d_v], 1.0, &device)
+            .swap_dims(1, 2);
+        let mut options = match trial {
+            // A fully masked row needs batch ≥ 2 (`random_mask_and_bias` masks row 0 of batch 1).
+            t if batch >= 2 => random_mask_and_bias(&mut rng, t, [batch, heads, seq_q, seq_k]),
+            _ => AttentionOptions::default().with_mask(AttnMask::causal(seq_q, seq_k, &device)),
+        };
+        if trial % 3 == 2 {
+            options = options.with_scale(0.3);
+        }
+        let what = format!("case {trial} {:?}", cases[trial]);
+        let reference =
+            attention_reference(q.clone(), k.clone(), v.clone(), options.clone()).unwrap();
+        let cpu = scaled_dot_product_attention(
+            q.clone(),
+            k.clone(),
+            v.clone(),
+            options.clone().with_kernel(AttentionKernel::Cpu),
+        )
+        .unwrap()
+        .context;
+        assert_tensors_close(&cpu, &reference.context, 1e-5, 0.0, &what);
+        if batch >= 2 {
+            let zero_row = cpu.clone().narrow(0, 1, 1).narrow(2, 0, 1);
+            assert!(
+                to_vec(&zero_row).iter().all(|&x| x == 0.0),
+                "{what}: fully masked row is not zero: {zero_row}"
+            );
+        }
+        let auto = scaled_dot_product_attention(q, k, v, options)
+            .unwrap()
+            .context;
+        assert_eq!(
+            to_vec(&auto),
+            to_vec(&cpu),
+            "{what}: Auto is not the Cpu kernel"
+        );
+    }
 }
 
 /// Attention with `h_kv < h` key/value heads (grouped-query) equals attention with each key/value

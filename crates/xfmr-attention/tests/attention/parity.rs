@@ -74,6 +74,7 @@ fn check_parity<B: Backend>(atol: f64) {
         for kernel in [
             AttentionKernel::Fused,
             AttentionKernel::Decomposed,
+            AttentionKernel::Cpu,
             AttentionKernel::Auto,
         ] {
             mha.kernel = kernel;
