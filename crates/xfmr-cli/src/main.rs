@@ -24,6 +24,11 @@ use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
 use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
+/// The allocator of the `xfmr` program (see its entry in Cargo.toml): tensors' buffers are reused
+/// instead of being mapped fresh, page-faulted and unmapped for every operation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod generate;
 mod metrics;
 mod parallel;
