@@ -24,7 +24,11 @@ f32, `--threads` threads on both sides (`RAYON_NUM_THREADS` for xfmr, `torch.set
 median of `--iters` timed runs after warm-ups. Every measurement runs in a process of its own, so
 the peak resident memory (RSS) of each is reported too.
 
-    python3 benches/compare_pytorch.py [--workloads w1 w2 w3 w4 w5 w6] [--iters 10]
+    python3 benches/compare_pytorch.py [--workloads w1 w2 w3 w4 w5 w6] [--iters 10] [--rounds 3]
+
+W1-W4 run in `--rounds` rounds that alternate xfmr (each backend) and PyTorch; each reported row
+is its median round. This shared 2-core machine varies by up to 1.5x over minutes, and a single
+pass of one side after the other measured that drift as much as the implementations.
 
 Needs `torch` for the peer (and `transformers` for W4 and W6, `sentence-transformers` for W5,
 `tokenizers` for W3); a missing one skips that peer with a note.
@@ -63,6 +67,18 @@ def checked(cmd, env=None):
     if code != 0:
         sys.exit(f"{' '.join(cmd)} failed ({code}):\n{stderr}")
     return stdout, stderr, rss
+
+
+def median_round(rounds):
+    """One row per implementation from `rounds` (lists of rows in the same order): the round
+    with its median time, and the largest peak RSS of all rounds."""
+    merged = []
+    for same in zip(*rounds):
+        ordered = sorted(same, key=lambda r: r["median_ms"])
+        row = dict(ordered[len(ordered) // 2])
+        row["rss_mib"] = max(r["rss_mib"] for r in same)
+        merged.append(row)
+    return merged
 
 
 def xfmr_env(threads):
@@ -358,28 +374,43 @@ def main():
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip", type=int, default=5, help="W3: warm-up steps left out")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="W1-W4: alternating rounds of every implementation; the median counts")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
 
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--example", "workloads"],
-                   cwd=ROOT, check=True)
+    # `flex`: the facade's flex backend as users get it (AVX-512 gemm kernels, xfmr's attention
+    # kernel).
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--features", "flex",
+                    "--example", "workloads"], cwd=ROOT, check=True)
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli"], cwd=ROOT, check=True)
     rows = []
     with tempfile.TemporaryDirectory() as out:
         for w in args.workloads:
             print(f"{w} ...", file=sys.stderr, flush=True)
-            if w in ("w1", "w2", "w4"):
-                for backend in args.backends:
-                    rows.append(xfmr_example(w, backend, args.iters, args.threads))
-                peer = torch_worker(w, args)
-            elif w == "w3":
-                for backend in args.backends:
-                    rows.append(xfmr_w3(backend, args.iters, args.skip, args.threads, out))
-                # The same BPE vocabulary as xfmr's runs (they learn the same one).
-                peer = torch_worker(w, args, "--tokenizer", rows[-1]["tokenizer"])
+            if w in ("w1", "w2", "w3", "w4"):
+                # Rounds alternate the implementations, so that a slow spell of this shared
+                # machine hits every side alike; each row is the round with the median time.
+                rounds = []
+                for _ in range(args.rounds):
+                    this = []
+                    for backend in args.backends:
+                        if w == "w3":
+                            this.append(xfmr_w3(backend, args.iters, args.skip, args.threads,
+                                                out))
+                        else:
+                            this.append(xfmr_example(w, backend, args.iters, args.threads))
+                    # W3: the same BPE vocabulary as xfmr's runs (they learn the same one).
+                    extra = ("--tokenizer", this[-1]["tokenizer"]) if w == "w3" else ()
+                    peer = torch_worker(w, args, *extra)
+                    if peer:
+                        this.append(peer)
+                    rounds.append(this)
+                rows.extend(median_round(rounds))
+                peer = None
             elif w == "w5":
                 rows.extend(w5_rows(args.backends, max(3, args.iters // 3), args.threads))
                 peer = None
@@ -390,8 +421,9 @@ def main():
                 sys.exit(f"unknown workload {w}")
             if peer:
                 rows.append(peer)
-    print(f"{args.threads} threads on both sides; median of {args.iters} timed runs "
-          f"(W5: best of its repeats, W6: median; see their scripts)")
+    print(f"{args.threads} threads on both sides; median of {args.iters} timed runs, the median "
+          f"of {args.rounds} alternating rounds (W5: best of its repeats, W6: median; see their "
+          f"scripts)")
     print_table(rows)
 
 

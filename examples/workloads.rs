@@ -9,6 +9,10 @@
 //!   encoder-decoder (37,000-token shared vocabulary, random weights) from a 24-token source,
 //!   through the key/value cache.
 //!
+//! - `gemm`: the 2-D matrix products those workloads are made of (`[m, k] × [k, n]`: the
+//!   attention projections, the feed-forward layers, a fused QKV projection), in GFLOP/s: the
+//!   backend's matrix-product rate, for the analysis in `docs/benchmarks.md`.
+//!
 //! Each is timed `iters` times after 2 warm-ups, reading the result back to the host each time;
 //! the median counts. f32; the backends use every core (run with `RAYON_NUM_THREADS=2` to match
 //! PyTorch's 2 threads).
@@ -18,6 +22,12 @@
 //! ```
 
 use std::time::Instant;
+
+/// mimalloc keeps freed memory for reuse: each op's output buffer otherwise comes fresh from the
+/// kernel (glibc maps and unmaps buffers of these sizes), and the page faults cost W1 a third of
+/// its time (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
@@ -101,12 +111,40 @@ fn w4<B: Backend>(backend: &str, iters: usize) {
     report("W4", backend, secs, NEW_TOKENS as f64, "tokens");
 }
 
+/// The shapes `[m, k, n]` of the products in W1 and W2: projections, feed-forward in and out,
+/// a fused QKV projection.
+const GEMM_SHAPES: [[usize; 3]; 4] = [
+    [2048, 512, 512],
+    [1024, 512, 2048],
+    [1024, 2048, 512],
+    [2048, 512, 1536],
+];
+
+fn gemm<B: Backend>(backend: &str, iters: usize) {
+    let device = B::Device::default();
+    for [m, k, n] in GEMM_SHAPES {
+        let a = Tensor::<B, 2>::random([m, k], Distribution::Default, &device);
+        let b = Tensor::<B, 2>::random([k, n], Distribution::Default, &device);
+        let secs = median_secs(iters, || {
+            let _ = a.clone().matmul(b.clone()).into_data();
+        });
+        report(
+            &format!("gemm {m}x{k}x{n}"),
+            backend,
+            secs,
+            2.0 * (m * k * n) as f64 / 1e9,
+            "GFLOP",
+        );
+    }
+}
+
 fn run<B: Backend>(workload: &str, backend: &str, iters: usize) {
     match workload {
+        "gemm" => gemm::<B>(backend, iters),
         "w1" => w1::<B>(backend, iters),
         "w2" => w2::<B>(backend, iters),
         "w4" => w4::<B>(backend, iters),
-        other => panic!("unknown workload {other:?}: w1, w2 or w4"),
+        other => panic!("unknown workload {other:?}: w1, w2, w4 or gemm"),
     }
 }
 
