@@ -433,8 +433,10 @@ fn exp_shifted_portable(row: &mut [f32], max: f32) -> f32 {
 
 /// `exp(t)` for `t ≤ 0` (see [`exp_shifted`]); 0 below -87, where `2ⁿ` would be subnormal.
 /// Integer and bit operations only, so that it vectorises (no saturating casts, no branches).
+/// Public (as `xfmr_attention::exp_nonpositive`, feature `flex`) for the other CPU kernels of
+/// the workspace (xfmr-blocks' GELU).
 #[inline(always)]
-fn exp_nonpositive(t: f32) -> f32 {
+pub fn exp_nonpositive(t: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;

@@ -53,6 +53,8 @@ mod sdpa;
 mod torch;
 
 pub use cache::KvCache;
+#[cfg(feature = "flex")]
+pub use cpu::exp_nonpositive;
 pub use error::AttentionError;
 pub use input::MhaInput;
 pub use mask::AttnMask;

@@ -63,6 +63,8 @@
 mod cache;
 mod causal;
 mod config;
+#[cfg(feature = "flex")]
+mod cpu;
 mod decoder;
 mod embedding;
 mod encoder;

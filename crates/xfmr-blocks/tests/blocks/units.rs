@@ -484,3 +484,40 @@ fn state_dict_reads_half_floats_and_integers_and_rejects_fp8() {
         other => panic!("expected UnsupportedDtype, got {other:?}"),
     }
 }
+
+/// `exact_gelu` on flex (with the `flex` feature: the vectorised host kernel) against burn's
+/// libm-based `gelu` on ndarray, every 1e-3 over [-12, 12] and at ±∞ and 0: within 1e-6
+/// absolute plus 2e-7 relative (the kernel's `erf` is within 1.5e-7 absolute; `x` scales it).
+#[test]
+fn exact_gelu_on_flex_matches_libm() {
+    use burn::backend::{Flex, NdArray};
+    use burn::tensor::Tensor;
+    use xfmr_blocks::exact_gelu;
+
+    let mut xs: Vec<f32> = (-12_000..=12_000).map(|i| i as f32 * 1e-3).collect();
+    xs.extend([0.0, -0.0, f32::INFINITY, 1e-30, -1e-30]);
+    let n = xs.len();
+    let flex: Vec<f32> = exact_gelu(
+        Tensor::<Flex, 1>::from_floats(xs.as_slice(), &Default::default()).reshape([1, n]),
+    )
+    .into_data()
+    .to_vec()
+    .unwrap();
+    let reference: Vec<f32> = burn::tensor::activation::gelu(Tensor::<NdArray, 1>::from_floats(
+        xs.as_slice(),
+        &Default::default(),
+    ))
+    .into_data()
+    .to_vec()
+    .unwrap();
+    for ((x, got), want) in xs.iter().zip(&flex).zip(&reference) {
+        if want.is_infinite() {
+            assert_eq!(got, want, "gelu({x})");
+            continue;
+        }
+        assert!(
+            (got - want).abs() <= 1e-6 + 2e-7 * want.abs(),
+            "gelu({x}) = {got}, libm gives {want}"
+        );
+    }
+}
