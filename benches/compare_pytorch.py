@@ -326,13 +326,20 @@ def w5_rows(backends, repeats, threads):
     model = ce.model_dir()
     path = os.path.join(ROOT, "benches/data/kjv_1000.txt")
     rows = []
-    seconds, _ = ce.peer(sentences, model, repeats, threads)
+    seconds, reference = ce.peer(sentences, model, repeats, threads)
     if seconds is not None:
         import torch
         rows.append({"workload": "W5", "impl": f"pytorch {torch.__version__}", "backend": "cpu",
                      "per_s": len(sentences) / seconds, "unit": "sentences"})
     for backend in backends:
-        seconds, _ = ce.xfmr(backend, path, model, repeats)
+        seconds, vectors = ce.xfmr(backend, path, model, repeats)
+        if reference is not None:
+            # The speed counts only if the vectors are sentence-transformers' own.
+            cosine = ce.min_cosine(vectors, reference)
+            print(f"W5 {backend}: minimum cosine to PyTorch's vectors {cosine:.6f}",
+                  file=sys.stderr)
+            if cosine < 0.9999:
+                sys.exit(f"W5 {backend}: vectors differ from PyTorch's (cosine {cosine})")
         rows.append({"workload": "W5", "impl": "xfmr", "backend": backend,
                      "per_s": len(sentences) / seconds, "unit": "sentences"})
     return rows
