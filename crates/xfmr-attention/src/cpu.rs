@@ -133,10 +133,20 @@ impl<T> Broadcast<T> {
 fn mask_on_host<B: Backend>(mask: AttnMask<B>) -> Broadcast<bool> {
     let t: Tensor<B, 4, Bool> = mask.into_tensor();
     let dims = t.dims();
-    let data = t
-        .into_data()
-        .to_vec::<bool>()
-        .expect("a bool tensor reads back as bool");
+    let data = t.into_data();
+    // Bool tensors read back as `Bool` or, when an op produced them in flex's byte storage, as
+    // `U8` (0 / 1).
+    let data = match data.dtype {
+        DType::U8 => data
+            .to_vec::<u8>()
+            .expect("dtype checked")
+            .into_iter()
+            .map(|x| x != 0)
+            .collect(),
+        _ => data
+            .to_vec::<bool>()
+            .expect("a bool tensor reads back as bool or u8"),
+    };
     Broadcast::new(data, dims)
 }
 
@@ -452,7 +462,7 @@ pub fn exp_nonpositive(t: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5; // Cephes' 5.0000001201e-1, which rounds to 0.5 in f32
     let e = p * r * r + r + 1.0;
     // 2ⁿ from the exponent bits: n is in [-126, 0] here.
     let n_bits = shifted.to_bits().wrapping_sub(0x4B40_0000);

@@ -345,7 +345,7 @@ fn attention_paths_agree_flex() {
 /// xfmr's own flex kernel ([`AttentionKernel::Cpu`]) against the reference path on flex
 /// (≤ 1e-5 absolute, as the other paths): random q, k, v read through strided head-split views
 /// (as multi-head attention hands them over), grouped key/value heads, masks with a fully masked
-/// row (exactly zero), biases, a non-default scale, `d_v ≠ d_k`, and a case long enough to be cut
+/// row (exactly zero) and masks computed by ops (a causal ∪ padding union), biases, a non-default scale, `d_v ≠ d_k`, and a case long enough to be cut
 /// into several blocks of query rows. `Auto` takes the same kernel on flex (bit for bit) and not
 /// under autodiff.
 #[test]
@@ -390,7 +390,16 @@ fn cpu_kernel_equals_reference_flex() {
         let mut options = match trial {
             // A fully masked row needs batch ≥ 2 (`random_mask_and_bias` masks row 0 of batch 1).
             t if batch >= 2 => random_mask_and_bias(&mut rng, t, [batch, heads, seq_q, seq_k]),
-            _ => AttentionOptions::default().with_mask(AttnMask::causal(seq_q, seq_k, &device)),
+            // Masks computed by ops (a comparison, a union), which flex may store as bytes.
+            _ => {
+                let ids: Vec<i64> = (0..seq_k as i64).map(|j| j % 5).collect();
+                let padding = AttnMask::padding_from_ids(
+                    Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq_k]), &device),
+                    0,
+                );
+                AttentionOptions::default()
+                    .with_mask(AttnMask::causal(seq_q, seq_k, &device).union(padding))
+            }
         };
         if trial % 3 == 2 {
             options = options.with_scale(0.3);
