@@ -14,9 +14,9 @@
 //! Tasks run on rayon's pool (flex's own). Keys and values of grouped-query attention are read
 //! from their shared head (`h / (heads / heads_kv)`), never repeated.
 //!
-//! This is the only module of the workspace with `unsafe` code: the two `gemm::gemm` calls,
-//! whose pointers and strides are checked against the buffers' lengths first
-//! ([`View::check`]).
+//! This is the only module of the workspace with `unsafe` code: the two `gemm::gemm` calls
+//! (through [`product`]), whose pointers and strides are checked against the buffers' lengths
+//! first ([`View::check`]).
 
 use std::any::{Any, TypeId};
 
@@ -177,7 +177,7 @@ pub(crate) fn attention<B: Backend>(
     let [batch, heads, seq_q, d_k] = query.dims();
     let [_, heads_kv, seq_k, _] = key.dims();
     let [_, _, _, d_v] = value.dims();
-    let scale = scale.unwrap_or(1.0 / (d_k as f64).sqrt()) as f32;
+    let scale = crate::sdpa::scale_or_default(scale, d_k) as f32;
     let mask = mask.map(mask_on_host);
     let bias = bias.map(bias_on_host);
     let (q, k, v) = (to_flex(query), to_flex(key), to_flex(value));
@@ -279,30 +279,16 @@ impl Task {
             let k_at = k.at(self.b, h_kv);
             // SAFETY: `View::check` bounds every element of the query, key and value views
             // inside their buffers, and rows `q0..q0 + rows` are query rows; `scores` holds
-            // `rows × seq_k` floats, written row-major (column stride 1, row stride seq_k) and
-            // owned by this task, so nothing read aliases it.
+            // `rows × seq_k` floats, written row-major (row stride seq_k) and owned by this task,
+            // so nothing read aliases it.
             unsafe {
-                gemm::gemm(
-                    rows,
-                    seq_k,
-                    d_k,
-                    scores.as_mut_ptr(),
-                    1,
-                    seq_k as isize,
-                    false,
-                    q.data.as_ptr().add(q_at),
-                    q.strides[3] as isize,
-                    q.strides[2] as isize,
+                product(
+                    [rows, seq_k, d_k],
+                    (scores.as_mut_ptr(), seq_k),
+                    (q.data.as_ptr().add(q_at), q.strides[2], q.strides[3]),
                     // Kᵀ: its row index runs over d_k, its column index over the keys.
-                    k.data.as_ptr().add(k_at),
-                    k.strides[2] as isize,
-                    k.strides[3] as isize,
-                    0.0,
+                    (k.data.as_ptr().add(k_at), k.strides[3], k.strides[2]),
                     scale,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
                 );
             }
 
@@ -339,26 +325,12 @@ impl Task {
             // `h·d_v + r·heads·d_v + d < rows·heads·d_v = out.len()` (asserted above); `out` is
             // this task's own block, disjoint from every other task's.
             unsafe {
-                gemm::gemm(
-                    rows,
-                    d_v,
-                    seq_k,
-                    out.as_mut_ptr().add(h * d_v),
-                    1,
-                    row_len as isize,
-                    false,
-                    scores.as_ptr(),
-                    1,
-                    seq_k as isize,
-                    v.data.as_ptr().add(v_at),
-                    v.strides[3] as isize,
-                    v.strides[2] as isize,
-                    0.0,
+                product(
+                    [rows, d_v, seq_k],
+                    (out.as_mut_ptr().add(h * d_v), row_len),
+                    (scores.as_ptr(), seq_k, 1),
+                    (v.data.as_ptr().add(v_at), v.strides[2], v.strides[3]),
                     1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
                 );
             }
             for (r, inv) in inverse.iter().enumerate() {
@@ -366,6 +338,46 @@ impl Task {
                 out[at..at + d_v].iter_mut().for_each(|x| *x *= inv);
             }
         }
+    }
+}
+
+/// `dst ← scale · lhs · rhs` for `[m, n, k]`, on the calling thread: `dst` is `m × n` with
+/// column stride 1 and row stride `dst.1`; `lhs` (`m × k`) and `rhs` (`k × n`) are
+/// `(pointer, row stride, column stride)`. `dst` is written, never read.
+///
+/// # Safety
+/// Every element the three strided matrices address lies in a live allocation, and `dst`
+/// aliases neither operand nor memory another thread touches meanwhile.
+unsafe fn product(
+    [m, n, k]: [usize; 3],
+    dst: (*mut f32, usize),
+    lhs: (*const f32, usize, usize),
+    rhs: (*const f32, usize, usize),
+    scale: f32,
+) {
+    // SAFETY: the caller's contract is gemm's.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            1,
+            dst.1 as isize,
+            false,
+            lhs.0,
+            lhs.2 as isize,
+            lhs.1 as isize,
+            rhs.0,
+            rhs.2 as isize,
+            rhs.1 as isize,
+            0.0,
+            scale,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 

@@ -366,6 +366,11 @@ fn reference_unchecked<B: Backend>(
     }
 }
 
+/// The scale of `QKᵀ`: the one given, or the paper's `1/√d_k`.
+pub(crate) fn scale_or_default(scale: Option<f64>, d_k: usize) -> f64 {
+    scale.unwrap_or(1.0 / (d_k as f64).sqrt())
+}
+
 /// Masked, biased, scaled scores `QKᵀ·s + M + A` `[batch, heads, seq_q, seq_k]`.
 fn scores<B: Backend>(
     query: Tensor<B, 4>,
@@ -375,7 +380,7 @@ fn scores<B: Backend>(
     scale: Option<f64>,
 ) -> Tensor<B, 4> {
     let [_, _, _, d_k] = query.dims();
-    let scale = scale.unwrap_or(1.0 / (d_k as f64).sqrt());
+    let scale = scale_or_default(scale, d_k);
     // (B, h, Tq, d_k) @ (B, h_kv, d_k, Tk) -> (B, h, Tq, Tk)
     let mut scores = grouped_matmul(query, key.swap_dims(2, 3)).mul_scalar(scale);
     if let Some(mask) = mask {
@@ -455,7 +460,7 @@ fn fused_unchecked<B: Backend>(
     // Leave the scale unset when it is the default: some kernels only take the fast path then.
     let scale = options
         .scale
-        .filter(|s| (s - 1.0 / (d_k as f64).sqrt()).abs() > f64::EPSILON);
+        .filter(|s| (s - scale_or_default(None, d_k)).abs() > f64::EPSILON);
     let mask = options.mask.map(|m| m.expand_for(scores));
     // Query rows whose keys are all ignored: [batch, heads|1, seq_q, 1].
     let fully_ignored = mask.as_ref().map(|m| m.clone().all_dim(3));

@@ -1,24 +1,22 @@
 //! Host kernels for the `flex` CPU backend (feature `flex`): element-wise functions that burn
 //! computes one scalar libm call at a time, vectorised here.
 //!
-//! They run on `burn::backend::Flex` itself (f32, not under `Autodiff`: a `TypeId` check), read
-//! the tensor back with `into_data` and return it with `from_data`, both public burn API: no
-//! `unsafe`, and every other backend keeps the generic path.
+//! They run on `burn::backend::Flex` itself (f32, not under `Autodiff`: xfmr-attention's
+//! check), read the tensor back with `into_data` and return it with `from_data`, both public
+//! burn API: no `unsafe`, and every other backend keeps the generic path.
 
-use std::any::TypeId;
-
-use burn::backend::Flex;
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
-use xfmr_attention::exp_nonpositive;
+use xfmr_attention::{exp_nonpositive, AttentionKernel};
 
 /// Elements per parallel task.
 const CHUNK: usize = 16 * 1024;
 
-/// Whether the kernels run on backend `B` for `dtype`.
+/// Whether the kernels run on backend `B` for `dtype`: where xfmr-attention's flex kernel runs
+/// (`burn::backend::Flex` itself, f32, not under `Autodiff`).
 pub(crate) fn supported<B: Backend>(dtype: DType) -> bool {
-    TypeId::of::<B>() == TypeId::of::<Flex>() && dtype == DType::F32
+    AttentionKernel::cpu_supported::<B>(dtype)
 }
 
 /// Exact GELU `½ x (1 + erf(x / √2))` on the host, in parallel chunks; [`supported`] holds.
