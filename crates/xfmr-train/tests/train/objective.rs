@@ -1,9 +1,9 @@
 //! The label-smoothed loss and the learning-rate schedule against their formulas, computed on
 //! the host in f64 from the same inputs.
 
-use burn::backend::NdArray;
+use burn::backend::{Autodiff, NdArray};
 use burn::lr_scheduler::LrScheduler;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
 use xfmr_train::loss::{label_smoothed_loss, noam_schedule};
 
 type B = NdArray<f32>;
@@ -103,6 +103,80 @@ fn label_smoothed_loss_ignores_padding_positions() {
     let (b, nb) = run(logits, long, 6);
     assert_eq!(na, nb);
     assert!((a - b).abs() <= 1e-6, "{a} vs {b}");
+}
+
+/// The loss's formula differentiated by autodiff: log-softmax, the target's and the padding
+/// column's log-probabilities, the row sums (how `label_smoothed_loss` computed it before it
+/// handed autodiff the closed-form gradient).
+fn formula_loss<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 2, Int>,
+    pad: usize,
+    eps: f64,
+) -> Tensor<B, 1> {
+    let [n, vocab] = logits.dims();
+    let log_probs = log_softmax(logits, 1);
+    let keep = targets
+        .clone()
+        .not_equal_elem(pad as i64)
+        .float()
+        .reshape([n]);
+    let count = keep.clone().sum();
+    let target_lp = log_probs.clone().gather(1, targets).reshape([n]);
+    let pad_lp = log_probs.clone().narrow(1, pad, 1).reshape([n]);
+    let others = log_probs.sum_dim(1).reshape([n]) - target_lp.clone() - pad_lp;
+    let per_token =
+        target_lp.mul_scalar(-(1.0 - eps)) - others.mul_scalar(eps / (vocab - 2) as f64);
+    (per_token * keep).sum() / count
+}
+
+/// The closed-form gradient the loss gives autodiff equals the autodiff of its formula, padded
+/// rows get none, and the value is unchanged.
+#[test]
+fn label_smoothed_loss_gradient_equals_autodiff_of_its_formula() {
+    type Ad = Autodiff<B>;
+    let device = Default::default();
+    let (batch, seq, vocab, pad) = (3, 5, 11, 0);
+    let logits = values(batch * seq * vocab, 13);
+    let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
+    let n = batch * seq;
+    for eps in [0.0, 0.1, 0.3] {
+        let leaf = || {
+            Tensor::<Ad, 2>::from_data(TensorData::new(logits.clone(), [n, vocab]), &device)
+                .require_grad()
+        };
+        let ids =
+            || Tensor::<Ad, 2, Int>::from_data(TensorData::new(targets.clone(), [n, 1]), &device);
+        let (ours, reference) = (leaf(), leaf());
+        let out = label_smoothed_loss(
+            ours.clone().reshape([batch, seq, vocab]),
+            ids().reshape([batch, seq]),
+            pad,
+            eps,
+        );
+        let want = formula_loss(reference.clone(), ids(), pad, eps);
+        let (value, want_value) = (
+            f64::from(out.loss.clone().into_scalar()),
+            f64::from(want.clone().into_scalar()),
+        );
+        assert!(
+            (value - want_value).abs() <= 1e-5,
+            "ε={eps}: {value} vs {want_value}"
+        );
+        let got = ours.grad(&out.loss.backward()).unwrap().into_data();
+        let want = reference.grad(&want.backward()).unwrap().into_data();
+        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        // Entries are (p − q) / 9 with p, q ≤ 1: both sides are f32 softmaxes a few ulps
+        // (2⁻²⁴ ≈ 6e-8) from exact, so 1e-7 absolute is ~10 ulps of the largest entry.
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!((g - w).abs() <= 1e-7, "ε={eps}, entry {i}: {g} vs {w}");
+        }
+        for (t, &y) in targets.iter().enumerate() {
+            if y as usize == pad {
+                assert!(got[t * vocab..(t + 1) * vocab].iter().all(|&g| g == 0.0));
+            }
+        }
+    }
 }
 
 /// `lrate = factor · d^−0.5 · min(step^−0.5, step · warmup^−1.5)` at every step through the
