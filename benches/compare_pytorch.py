@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -305,6 +306,9 @@ def xfmr_example(workload, backend, iters, threads):
 def xfmr_w3(backend, iters, skip, threads, out):
     steps = skip + iters
     run = os.path.join(out, f"w3-{backend}")
+    # A fresh run every round: `xfmr train` resumes a run directory that is already there, and
+    # would only read back the previous round's metrics.
+    shutil.rmtree(run, ignore_errors=True)
     _, _, rss = checked(
         [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps),
          "--checkpoint-every", str(steps), "--eval-every", "1000000", "--average", "1",
@@ -416,6 +420,9 @@ def main():
                     if peer:
                         this.append(peer)
                     rounds.append(this)
+                    print("  round %d: %s" % (len(rounds), ", ".join(
+                        f"{r['impl'].split()[0]} {r['backend']} {r['median_ms']:.1f} ms"
+                        for r in this)), file=sys.stderr, flush=True)
                 rows.extend(median_round(rounds))
                 peer = None
             elif w == "w5":
