@@ -25,10 +25,11 @@ use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
 /// The allocator of the `xfmr` program (see its entry in Cargo.toml): tensors' buffers are reused
-/// instead of being mapped fresh, page-faulted and unmapped for every operation.
+/// instead of being mapped fresh, page-faulted and unmapped for every operation ([`alloc`]).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod alloc;
 mod generate;
 mod metrics;
 mod parallel;
@@ -265,6 +266,7 @@ macro_rules! with_backend {
 }
 
 fn main() -> ExitCode {
+    alloc::keep_memory();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Train { backend, args } => with_backend!(backend, "train", |B| {
