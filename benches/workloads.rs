@@ -12,8 +12,8 @@
 //!   (37,000-token vocabulary, random weights) from a 24-token source, key/value cache.
 //! - `w5_minilm`: all-MiniLM-L6-v2 embeddings of the 1,000 King James verses of
 //!   `benches/data/kjv_1000.txt`, batch 32 (needs the model: `xfmr fetch-model minilm`).
-//! - `w6_smollm2`: SmolLM2-135M-Instruct, 32 greedy tokens after a 16-token prompt, batch 1,
-//!   flex only (needs the model: `xfmr fetch-model smollm2`).
+//! - `w6_smollm2`: SmolLM2-135M-Instruct, 32 greedy tokens after a 15-word prompt (Genesis
+//!   1:1–2), batch 1, flex only (needs the model: `xfmr fetch-model smollm2`).
 //!
 //! Without a model, its bench is skipped with a message naming the fetch command. Select one
 //! with criterion's filter, and match PyTorch's thread count as `benches/compare_pytorch.py`
