@@ -103,7 +103,7 @@ pub fn loss_curve(
 
 /// A heatmap of `weights[row][col]` in [0, 1] (white → dark blue), `rows` labelling the query
 /// tokens (y axis, top to bottom) and `cols` the key tokens (x axis, left to right, written
-/// vertically).
+/// vertically), with a colour scale from 0 to 1 on the right.
 pub fn heatmap(
     path: &Path,
     title: &str,
@@ -120,10 +120,18 @@ pub fn heatmap(
         .max()
         .unwrap_or(1) as u32
         + 16;
+    // The colour scale: a bar `SCALE_BAR` wide, `SCALE_GAP` right of the grid, labels beside it.
+    const SCALE_GAP: u32 = 16;
+    const SCALE_BAR: u32 = 14;
     let size = (
-        label + cell * cols.len() as u32 + 20,
+        label + cell * cols.len() as u32 + SCALE_GAP + SCALE_BAR + 40,
         40 + label + cell * rows.len() as u32 + 10,
     );
+    let shade = |w: f32| {
+        let w = w.clamp(0.0, 1.0);
+        let mix = |full: f32, dark: f32| (full + (dark - full) * w) as u8;
+        RGBColor(mix(255.0, 8.0), mix(255.0, 48.0), mix(255.0, 107.0))
+    };
     let mut rgb = vec![255u8; (size.0 * size.1 * 3) as usize];
     let err = draw_err(path);
     {
@@ -154,16 +162,38 @@ pub fn heatmap(
             ))
             .map_err(|e| err(e.to_string()))?;
             for (j, &w) in weights[i].iter().enumerate() {
-                let w = w.clamp(0.0, 1.0);
-                let shade = |full: f32, dark: f32| (full + (dark - full) * w) as u8;
-                let color = RGBColor(shade(255.0, 8.0), shade(255.0, 48.0), shade(255.0, 107.0));
                 let x = x0 + j as i32 * c;
                 root.draw(&Rectangle::new(
                     [(x, y), (x + c - 1, y + c - 1)],
-                    color.filled(),
+                    shade(w).filled(),
                 ))
                 .map_err(|e| err(e.to_string()))?;
             }
+        }
+        // The scale: 1 at the top of the grid, 0 at its bottom, one pixel row per shade.
+        let bar_x = x0 + (cell * cols.len() as u32 + SCALE_GAP) as i32;
+        let height = (cell * rows.len() as u32).max(2) as i32;
+        for k in 0..height {
+            let w = 1.0 - k as f32 / (height - 1) as f32;
+            root.draw(&Rectangle::new(
+                // plotters fills nothing of a zero-height rectangle: two rows, the next overdraws one.
+                [(bar_x, y0 + k), (bar_x + SCALE_BAR as i32 - 1, y0 + k + 1)],
+                shade(w).filled(),
+            ))
+            .map_err(|e| err(e.to_string()))?;
+        }
+        root.draw(&Rectangle::new(
+            [(bar_x, y0), (bar_x + SCALE_BAR as i32 - 1, y0 + height - 1)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| err(e.to_string()))?;
+        for (text, k) in [("1", 0), ("0.5", (height - 1) / 2), ("0", height - 1)] {
+            root.draw(&Text::new(
+                text,
+                (bar_x + SCALE_BAR as i32 + 4, y0 + k - 6),
+                ("sans-serif", 12),
+            ))
+            .map_err(|e| err(e.to_string()))?;
         }
         root.present().map_err(|e| err(e.to_string()))?;
     }
