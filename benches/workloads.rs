@@ -30,11 +30,10 @@ use std::time::Duration;
 
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{Distribution, Tensor};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use xfmr::blocks::{LayerConfig, SelfAttentionInput, StackConfig};
+use xfmr::blocks::{LayerConfig, SelfAttentionInput};
 use xfmr::burn;
-use xfmr::models::{GenerationOptions, TransformerConfig};
+use xfmr::models::TransformerConfig;
 use xfmr_train::translate::encode_pairs;
 use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer};
 
@@ -43,22 +42,21 @@ use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// W2's and W4's models and inputs, shared with `examples/workloads.rs`.
+#[path = "workload_models.rs"]
+mod workload_models;
+use workload_models::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
+
 // The program's own module; its test helpers go unused here.
 #[allow(unused)]
 #[path = "../crates/xfmr-cli/src/alloc.rs"]
 mod alloc;
 
 fn w2<B: Backend>(c: &mut Criterion, backend: &str) {
-    let (batch, seq) = (8, 128);
-    let device = B::Device::default();
-    let layer = LayerConfig::new(512, 8, 2048).with_dropout(0.0);
-    let encoder = StackConfig::new(layer, 6)
-        .init_encoder::<B>(&device)
-        .expect("a valid configuration");
-    let x = Tensor::<B, 3>::random([batch, seq, 512], Distribution::Default, &device);
+    let (encoder, x) = w2_encoder::<B>(&B::Device::default());
     let mut group = c.benchmark_group("w2_encoder_base_8x128");
     group.sample_size(10);
-    group.throughput(Throughput::Elements((batch * seq) as u64));
+    group.throughput(Throughput::Elements((W2_SHAPE[0] * W2_SHAPE[1]) as u64));
     group.bench_function(BenchmarkId::from_parameter(backend), |b| {
         b.iter(|| {
             encoder
@@ -104,24 +102,16 @@ fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_tra
 }
 
 fn w4<B: Backend>(c: &mut Criterion, backend: &str) {
-    const NEW_TOKENS: usize = 128;
-    let device = B::Device::default();
-    let model = TransformerConfig::base(37_000)
-        .map_layer(|l| l.with_dropout(0.0))
-        .init::<B>(&device)
-        .expect("a valid configuration");
-    let source: Vec<u32> = (0..24).map(|i| 10 + 37 * i).collect();
-    // End token 2 held off until the last position: exactly 128 tokens.
-    let options = GenerationOptions::greedy(NEW_TOKENS, 2, 0).with_min_len(NEW_TOKENS);
+    let (model, source, options) = w4_model::<B>(&B::Device::default());
     let mut group = c.benchmark_group("w4_greedy_base_128_tokens");
     group.sample_size(10);
-    group.throughput(Throughput::Elements(NEW_TOKENS as u64));
+    group.throughput(Throughput::Elements(W4_NEW_TOKENS as u64));
     group.bench_function(BenchmarkId::from_parameter(backend), |b| {
         b.iter(|| {
             let out = model
                 .generate(std::slice::from_ref(&source), 1, &options)
                 .expect("generation runs");
-            assert_eq!(out.best_tokens()[0].len(), NEW_TOKENS);
+            assert_eq!(out.best_tokens()[0].len(), W4_NEW_TOKENS);
         })
     });
     group.finish();

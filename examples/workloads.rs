@@ -33,8 +33,12 @@ use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
 use xfmr::attention::{MhaInput, MultiHeadAttentionConfig};
-use xfmr::blocks::{LayerConfig, SelfAttentionInput, StackConfig};
-use xfmr::models::{GenerationOptions, TransformerConfig};
+use xfmr::blocks::SelfAttentionInput;
+
+/// W2's and W4's models and inputs, shared with the criterion bench.
+#[path = "../benches/workload_models.rs"]
+mod workload_models;
+use workload_models::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
 
 /// Median seconds of `iters` runs of `f` after 2 warm-ups.
 fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {
@@ -77,38 +81,30 @@ fn w1<B: Backend>(backend: &str, iters: usize) {
 }
 
 fn w2<B: Backend>(backend: &str, iters: usize) {
-    let (batch, seq) = (8, 128);
-    let device = B::Device::default();
-    let layer = LayerConfig::new(512, 8, 2048).with_dropout(0.0);
-    let encoder = StackConfig::new(layer, 6)
-        .init_encoder::<B>(&device)
-        .expect("a valid configuration");
-    let x = Tensor::<B, 3>::random([batch, seq, 512], Distribution::Default, &device);
+    let (encoder, x) = w2_encoder::<B>(&B::Device::default());
     let secs = median_secs(iters, || {
         let _ = encoder
             .forward(SelfAttentionInput::new(x.clone()))
             .into_data();
     });
-    report("W2", backend, secs, (batch * seq) as f64, "tokens");
+    report(
+        "W2",
+        backend,
+        secs,
+        (W2_SHAPE[0] * W2_SHAPE[1]) as f64,
+        "tokens",
+    );
 }
 
 fn w4<B: Backend>(backend: &str, iters: usize) {
-    const NEW_TOKENS: usize = 128;
-    let device = B::Device::default();
-    let model = TransformerConfig::base(37_000)
-        .map_layer(|l| l.with_dropout(0.0))
-        .init::<B>(&device)
-        .expect("a valid configuration");
-    let source: Vec<u32> = (0..24).map(|i| 10 + 37 * i).collect();
-    // End token 2 held off until the last position: exactly 128 tokens.
-    let options = GenerationOptions::greedy(NEW_TOKENS, 2, 0).with_min_len(NEW_TOKENS);
+    let (model, source, options) = w4_model::<B>(&B::Device::default());
     let secs = median_secs(iters, || {
         let out = model
             .generate(std::slice::from_ref(&source), 1, &options)
             .expect("generation runs");
-        assert_eq!(out.best_tokens()[0].len(), NEW_TOKENS);
+        assert_eq!(out.best_tokens()[0].len(), W4_NEW_TOKENS);
     });
-    report("W4", backend, secs, NEW_TOKENS as f64, "tokens");
+    report("W4", backend, secs, W4_NEW_TOKENS as f64, "tokens");
 }
 
 /// The shapes `[m, k, n]` of the products in W1 and W2: projections, feed-forward in and out,

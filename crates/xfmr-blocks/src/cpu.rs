@@ -6,27 +6,23 @@
 //! burn API: no `unsafe`, and every other backend keeps the generic path.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
-use xfmr_attention::{exp_nonpositive, AttentionKernel};
+use xfmr_attention::exp_nonpositive;
 
 /// Elements per parallel task.
 const CHUNK: usize = 16 * 1024;
 
-/// Whether the kernels run on backend `B` for `dtype`: where xfmr-attention's flex kernel runs
+/// Exact GELU `½ x (1 + erf(x / √2))` on the host, in parallel chunks. Only where
+/// [`AttentionKernel::cpu_supported`](xfmr_attention::AttentionKernel::cpu_supported) holds
 /// (`burn::backend::Flex` itself, f32, not under `Autodiff`).
-pub(crate) fn supported<B: Backend>(dtype: DType) -> bool {
-    AttentionKernel::cpu_supported::<B>(dtype)
-}
-
-/// Exact GELU `½ x (1 + erf(x / √2))` on the host, in parallel chunks; [`supported`] holds.
 pub(crate) fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     let device = x.device();
     let shape = x.shape();
     let mut values = x
         .into_data()
         .into_vec::<f32>()
-        .expect("supported() checked f32");
+        .expect("cpu_supported checked f32");
     values.par_chunks_mut(CHUNK).for_each(|chunk| {
         chunk.iter_mut().for_each(|v| *v = gelu_scalar(*v));
     });

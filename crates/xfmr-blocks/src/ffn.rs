@@ -122,7 +122,7 @@ pub fn exact_gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
         x * cdf.mul_scalar(0.5)
     } else {
         #[cfg(feature = "flex")]
-        if crate::cpu::supported::<B>(x.dtype()) {
+        if xfmr_attention::AttentionKernel::cpu_supported::<B>(x.dtype()) {
             // On flex: a vectorised host kernel instead of one libm `erff` call per element
             // (a fifth of MiniLM's embedding time; docs/benchmarks.md).
             return crate::cpu::gelu(x);

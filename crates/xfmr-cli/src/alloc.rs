@@ -5,8 +5,9 @@
 //! hands freed memory back to the kernel ("purges" it) after a delay; the next step then
 //! page-faults buffers it had a moment ago, and the kernel zeroes every page of them:
 //! `clear_page` took 10.8% of the samples of 30 training steps (`xfmr train`, flex; perf). With
-//! [`keep_memory`] it took 1.0% (docs/benchmarks.md). The cost: the process keeps its peak
-//! footprint until it exits, which a training run reaches in its first steps anyway.
+//! [`keep_memory`] it took 4–5% (1.0% with the same options set through the environment, which
+//! mimalloc reads before the first allocation; docs/benchmarks.md). The cost: the process keeps
+//! its peak footprint until it exits, which a training run reaches in its first steps anyway.
 
 use libmimalloc_sys::{mi_option_set, mi_option_t};
 

@@ -176,7 +176,8 @@ pub fn heatmap(
         for k in 0..height {
             let w = 1.0 - k as f32 / (height - 1) as f32;
             root.draw(&Rectangle::new(
-                // plotters fills nothing of a zero-height rectangle: two rows, the next overdraws one.
+                // plotters fills nothing of a zero-height rectangle: two pixel rows, the next
+                // one overdraws the second.
                 [(bar_x, y0 + k), (bar_x + SCALE_BAR as i32 - 1, y0 + k + 1)],
                 shade(w).filled(),
             ))

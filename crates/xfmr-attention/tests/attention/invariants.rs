@@ -345,9 +345,9 @@ fn attention_paths_agree_flex() {
 /// xfmr's own flex kernel ([`AttentionKernel::Cpu`]) against the reference path on flex
 /// (≤ 1e-5 absolute, as the other paths): random q, k, v read through strided head-split views
 /// (as multi-head attention hands them over), grouped key/value heads, masks with a fully masked
-/// row (exactly zero) and masks computed by ops (a causal ∪ padding union), biases, a non-default scale, `d_v ≠ d_k`, and a case long enough to be cut
-/// into several blocks of query rows. `Auto` takes the same kernel on flex (bit for bit) and not
-/// under autodiff.
+/// row (exactly zero) and masks computed by ops (a causal ∪ padding union), biases, a non-default
+/// scale, `d_v ≠ d_k`, and a case long enough to be cut into several blocks of query rows.
+/// `Auto` takes the same kernel on flex (bit for bit) and not under autodiff.
 #[test]
 fn cpu_kernel_equals_reference_flex() {
     type B = Flex;
