@@ -35,7 +35,7 @@ use xfmr::blocks::{LayerConfig, SelfAttentionInput};
 use xfmr::burn;
 use xfmr::models::TransformerConfig;
 use xfmr_train::translate::encode_pairs;
-use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer};
+use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer, Translation};
 
 /// The same allocator as the `xfmr` program, whose runs these benches stand for, with the same
 /// options (`keep_memory`, called first in `workloads`).
@@ -86,12 +86,13 @@ fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_tra
     let vocab = 4000;
     // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/train.rs).
     let model = TransformerConfig::new(vocab, vocab, LayerConfig::new(128, 4, 512), 3, 3);
-    let config = TrainConfig::new(model)
+    let config = TrainConfig::new()
         .with_steps(1_000_000)
         .with_max_tokens(2000)
         .with_warmup(150);
     let mut trainer =
-        Trainer::<B>::new(config, examples.to_vec(), &device).expect("a valid configuration");
+        Trainer::<B>::new(Translation::new(model), config, examples.to_vec(), &device)
+            .expect("a valid configuration");
     let mut group = c.benchmark_group("w3_train_step_cpu_preset");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));

@@ -1,8 +1,11 @@
 //! `xfmr generate`: text from a pretrained GGUF language model (SmolLM2), streamed to stdout
-//! as it is produced, with prompt and generation speed on stderr.
+//! as it is produced, with prompt and generation speed on stderr; or, with `--run`, from the
+//! GPT-like model of an `xfmr train --task lm` run (`lm.rs`).
 
 use std::io::Write;
 use std::path::PathBuf;
+
+use anyhow::{anyhow, Result};
 
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{GenerationOptions, SampleOptions, Strategy};
@@ -11,6 +14,10 @@ use xfmr_llm::{fetch, LanguageModel, Message};
 /// Options of `xfmr generate`.
 #[derive(clap::Args)]
 pub struct GenerateArgs {
+    /// The run directory of `xfmr train --task lm`: its model continues the prompts instead
+    /// of a GGUF model (--model, --chat and --min-tokens do not apply).
+    #[arg(long, conflicts_with_all = ["model", "chat"])]
+    pub run: Option<PathBuf>,
     /// `smollm2` (the file `xfmr fetch-model smollm2` puts in the cache) or a GGUF file's path.
     #[arg(long, default_value = "smollm2")]
     pub model: String,
@@ -44,19 +51,20 @@ pub struct GenerateArgs {
     pub prompts: Vec<String>,
 }
 
-fn model_path(model: &str) -> Result<PathBuf, String> {
+fn model_path(model: &str) -> Result<PathBuf> {
     if model == "smollm2" {
         return fetch::find_smollm2().ok_or_else(|| {
-            "SmolLM2 is not in the cache: run `xfmr fetch-model smollm2` first (or pass \
-             --model FILE.gguf)"
-                .to_string()
+            anyhow!(
+                "SmolLM2 is not in the cache: run `xfmr fetch-model smollm2` first (or pass \
+                 --model FILE.gguf)"
+            )
         });
     }
     let path = PathBuf::from(model);
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!(
+        Err(anyhow!(
             "--model {model:?}: neither `smollm2` nor an existing GGUF file"
         ))
     }
@@ -81,11 +89,14 @@ fn options<B: Backend>(lm: &LanguageModel<B>, args: &GenerateArgs) -> Generation
 }
 
 /// Runs `xfmr generate` on backend `B`.
-pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<(), String> {
+pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<()> {
+    if let Some(run) = &args.run {
+        return crate::lm::generate_cmd::<B>(run, args);
+    }
     let path = model_path(&args.model)?;
     let device = B::Device::default();
     let start = std::time::Instant::now();
-    let lm = LanguageModel::<B>::from_file(&path, &device).map_err(|e| e.to_string())?;
+    let lm = LanguageModel::<B>::from_file(&path, &device)?;
     let c = &lm.config;
     eprintln!(
         "{}: {} layers, d_model {}, {} heads sharing {} key/value heads, vocab {}; loaded in {:.1} s; \
@@ -111,18 +122,16 @@ pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<(), String> {
                 messages.push(Message::new("system", system));
             }
             messages.push(Message::new("user", p));
-            lm.chat_prompt(&messages).map_err(|e| e.to_string())
+            Ok(lm.chat_prompt(&messages)?)
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>>>()?;
     let options = options(&lm, args);
     if let [prompt] = &prompts[..] {
         let mut stdout = std::io::stdout();
-        let done = lm
-            .complete(prompt, &options, |text| {
-                let _ = stdout.write_all(text.as_bytes());
-                let _ = stdout.flush();
-            })
-            .map_err(|e| e.to_string())?;
+        let done = lm.complete(prompt, &options, |text| {
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        })?;
         println!();
         eprintln!(
             "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generated: {} tokens, {:.1} tokens/s{}",
@@ -139,9 +148,7 @@ pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<(), String> {
         );
     } else {
         let start = std::time::Instant::now();
-        let texts = lm
-            .complete_batch(&prompts, &options)
-            .map_err(|e| e.to_string())?;
+        let texts = lm.complete_batch(&prompts, &options)?;
         for (k, text) in texts.iter().enumerate() {
             println!("[{k}] {text}");
         }

@@ -3,7 +3,9 @@
 //! - `xfmr train`: trains the paper's translation model (embedded Spanish→English data by
 //!   default), then prints test BLEU/chrF and sample translations and writes a loss curve and
 //!   attention maps. `xfmr translate`, `xfmr eval`, `xfmr attention` use a trained run;
-//!   `xfmr prepare-data` rebuilds the embedded set from the full corpus.
+//!   `xfmr prepare-data` rebuilds the embedded set from the full corpus. `xfmr train --task lm`
+//!   and `--task mlm` train a GPT-like and a BERT-like model on the English side instead, used
+//!   by `xfmr generate --run`, `xfmr fill-mask --run` and `xfmr embed --run`.
 //! - `xfmr demo`: multi-head attention over a few real sentences embedded in the binary,
 //!   checking on the spot the invariants the library promises.
 //! - `xfmr fetch-model minilm|smollm2`: downloads all-MiniLM-L6-v2 or SmolLM2-135M-Instruct
@@ -17,10 +19,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use xfmr::attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
 use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
@@ -30,10 +31,13 @@ use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod alloc;
+mod demo;
 mod generate;
-mod metrics;
+mod lm;
+mod observe;
 mod parallel;
 mod plot;
+mod spec;
 mod train;
 mod translation;
 
@@ -50,7 +54,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Trains an encoder-decoder Transformer with the paper's recipe (label smoothing, Adam with
-    /// warm-up, token-count batches, checkpoint averaging), then evaluates it on the test split.
+    /// warm-up, token-count batches, checkpoint averaging), then evaluates it on the test split;
+    /// or, with `--task lm|mlm`, a GPT-like or BERT-like model of the English side.
     Train {
         /// Backend to run on.
         #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
@@ -166,8 +171,25 @@ enum Command {
         #[command(flatten)]
         args: generate::GenerateArgs,
     },
-    /// Sentence embeddings (all-MiniLM-L6-v2: mean pooling, L2-normalised): one JSON array per
-    /// input line on stdout, or a JSON file with --json.
+    /// The most probable tokens for each `<mask>` in a text, from an `xfmr train --task mlm`
+    /// run.
+    FillMask {
+        /// Run directory of `xfmr train --task mlm`.
+        #[arg(long, default_value = "runs/en-mlm")]
+        run: PathBuf,
+        /// Candidates shown per mask.
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        /// Backend to run on.
+        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        backend: BackendKind,
+        /// Texts with `<mask>` where a token is to be filled in.
+        #[arg(required = true)]
+        texts: Vec<String>,
+    },
+    /// Sentence embeddings (all-MiniLM-L6-v2, or with --run the encoder of an `xfmr train
+    /// --task mlm` run: mean pooling, L2-normalised): one JSON array per input line on stdout,
+    /// or a JSON file with --json.
     Embed {
         /// Sentences (or use --file).
         sentences: Vec<String>,
@@ -177,6 +199,10 @@ enum Command {
         /// Write `[{"sentence": ..., "embedding": [...]}, ...]` to this file instead of stdout.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// The run directory of `xfmr train --task mlm`, whose encoder embeds instead of
+        /// MiniLM.
+        #[arg(long, conflicts_with = "model_dir")]
+        run: Option<PathBuf>,
         #[command(flatten)]
         model: ModelArgs,
     },
@@ -252,7 +278,7 @@ macro_rules! with_backend {
                 $body
             }
             #[allow(unreachable_patterns)]
-            other => Err(format!(
+            other => Err(anyhow!(
                 "the {name} backend is not compiled into this binary: rebuild with \
                  `cargo run -p xfmr-cli --features {name} -- {} --backend {name}`",
                 $command,
@@ -272,6 +298,14 @@ fn main() -> ExitCode {
         Command::Train { backend, args } => with_backend!(backend, "train", |B| {
             train::train::<xfmr::burn::backend::Autodiff<B>>(&args)
         }),
+        Command::FillMask {
+            run,
+            top,
+            backend,
+            texts,
+        } => with_backend!(backend, "fill-mask", |B| lm::fill_mask_cmd::<B>(
+            &run, &texts, top
+        )),
         Command::Translate {
             run,
             beam,
@@ -323,7 +357,9 @@ fn main() -> ExitCode {
                 .lines()
                 .filter_map(|l| l.split('\t').nth(usize::from(!spanish)))
                 .collect();
-            with_backend!(backend, "demo", |B| demo::<B>(&sentences, d_model, heads))
+            with_backend!(backend, "demo", |B| demo::demo::<B>(
+                &sentences, d_model, heads
+            ))
         }
         Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
         Command::Generate { backend, args } => {
@@ -338,11 +374,13 @@ fn main() -> ExitCode {
             sentences,
             file,
             json,
+            run,
             model,
         } => with_backend!(model.backend, "embed", |B| embed::<B>(
             sentences,
             file.as_deref(),
             json.as_deref(),
+            run.as_deref(),
             &model
         )),
         Command::Similarity { a, b, model } => {
@@ -354,33 +392,32 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn fetch_model(model: ModelName, cache_dir: Option<PathBuf>) -> Result<(), String> {
+fn fetch_model(model: ModelName, cache_dir: Option<PathBuf>) -> Result<()> {
     let cache = cache_dir.unwrap_or_else(fetch::default_cache_dir);
     let path = match model {
-        ModelName::Minilm => fetch::fetch_minilm(&cache).map_err(|e| e.to_string())?,
-        ModelName::Smollm2 => xfmr_llm::fetch::fetch_smollm2(&cache).map_err(|e| e.to_string())?,
+        ModelName::Minilm => fetch::fetch_minilm(&cache)?,
+        ModelName::Smollm2 => xfmr_llm::fetch::fetch_smollm2(&cache)?,
     };
     println!("{}", path.display());
     Ok(())
 }
 
-fn load_encoder<B: Backend>(args: &ModelArgs) -> Result<SentenceEncoder<B>, String> {
+fn load_encoder<B: Backend>(args: &ModelArgs) -> Result<SentenceEncoder<B>> {
     let dir = match &args.model_dir {
         Some(dir) => dir.clone(),
         None => fetch::find_minilm().ok_or_else(|| {
-            "no model found: run `xfmr fetch-model minilm` or pass --model-dir".to_string()
+            anyhow!("no model found: run `xfmr fetch-model minilm` or pass --model-dir")
         })?,
     };
-    let mut encoder =
-        SentenceEncoder::<B>::from_dir(&dir, &Default::default()).map_err(|e| e.to_string())?;
+    let mut encoder = SentenceEncoder::<B>::from_dir(&dir, &Default::default())?;
     if args.batch_size == 0 {
-        return Err("--batch-size must be at least 1, got 0".into());
+        bail!("--batch-size must be at least 1, got 0");
     }
     encoder.batch_size = args.batch_size;
     Ok(encoder)
@@ -390,10 +427,11 @@ fn embed<B: Backend>(
     mut sentences: Vec<String>,
     file: Option<&Path>,
     json: Option<&Path>,
+    run: Option<&Path>,
     args: &ModelArgs,
-) -> Result<(), String> {
+) -> Result<()> {
     if let Some(file) = file {
-        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let text = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
         sentences.extend(
             text.lines()
                 .filter(|l| !l.trim().is_empty())
@@ -401,12 +439,14 @@ fn embed<B: Backend>(
         );
     }
     if sentences.is_empty() {
-        return Err("no sentences: pass them as arguments or with --file".into());
+        bail!("no sentences: pass them as arguments or with --file");
     }
-    let encoder = load_encoder::<B>(args)?;
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let start = Instant::now();
-    let embeddings = encoder.embed(&refs).map_err(|e| e.to_string())?;
+    let embeddings = match run {
+        Some(run) => lm::embed_run::<B>(run, &refs)?,
+        None => load_encoder::<B>(args)?.embed(&refs)?,
+    };
     let elapsed = start.elapsed().as_secs_f64();
     eprintln!(
         "embedded {} sentences in {elapsed:.2} s ({:.1} sentences/s)",
@@ -420,134 +460,21 @@ fn embed<B: Backend>(
                 .zip(&embeddings)
                 .map(|(s, e)| serde_json::json!({ "sentence": s, "embedding": e }))
                 .collect();
-            let text = serde_json::to_string(&rows).map_err(|e| e.to_string())?;
-            checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| e.to_string())
+            let text = serde_json::to_string(&rows)?;
+            Ok(checkpoint::write_atomic(path, text.as_bytes())?)
         }
         None => {
             for e in &embeddings {
-                println!("{}", serde_json::to_string(e).map_err(|e| e.to_string())?);
+                println!("{}", serde_json::to_string(e)?);
             }
             Ok(())
         }
     }
 }
 
-fn similarity<B: Backend>(a: &str, b: &str, args: &ModelArgs) -> Result<(), String> {
+fn similarity<B: Backend>(a: &str, b: &str, args: &ModelArgs) -> Result<()> {
     let encoder = load_encoder::<B>(args)?;
-    let e = encoder.embed(&[a, b]).map_err(|e| e.to_string())?;
+    let e = encoder.embed(&[a, b])?;
     println!("{:.6}", cosine(&e[0], &e[1]));
     Ok(())
-}
-
-fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<(), String> {
-    let device = B::Device::default();
-    B::seed(&device, 42);
-    // Byte tokens: id = byte + 1, 0 is padding.
-    let lengths: Vec<usize> = sentences.iter().map(|s| s.len()).collect();
-    let seq = *lengths.iter().max().ok_or("no sentences")?;
-    let batch = sentences.len();
-    let ids: Vec<i64> = sentences
-        .iter()
-        .flat_map(|s| {
-            let mut row: Vec<i64> = s.bytes().map(|b| b as i64 + 1).collect();
-            row.resize(seq, 0);
-            row
-        })
-        .collect();
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq]), &device);
-
-    // Untrained layer: random byte embeddings, random projections.
-    let mha = MultiHeadAttentionConfig::new(d_model, heads)
-        .try_init::<B>(&device)
-        .map_err(|e| e.to_string())?;
-    let table = Tensor::<B, 2>::random([257, d_model], Distribution::Normal(0.0, 1.0), &device);
-    let x = table
-        .select(0, ids.clone().reshape([batch * seq]))
-        .reshape([batch, seq, d_model]);
-    let pad = AttnMask::padding_from_ids(ids, 0);
-
-    let start = Instant::now();
-    let out = mha.forward(
-        MhaInput::self_attn(x.clone())
-            .causal()
-            .mask(pad.clone())
-            .need_weights(),
-    );
-    B::sync(&device).map_err(|e| format!("{e:?}"))?;
-    let elapsed = start.elapsed();
-    let weights = out.weights.expect("weights requested");
-    println!(
-        "causal self-attention: batch {batch}, padded length {seq}, d_model {d_model}, {heads} heads \
-         ({:.1} ms)",
-        elapsed.as_secs_f64() * 1e3
-    );
-    let w = weights
-        .to_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .map_err(|e| format!("{e:?}"))?;
-    for (b, sentence) in sentences.iter().enumerate() {
-        // Head 0, the query at the sentence's last real token.
-        let q = lengths[b] - 1;
-        let row = &w[((b * heads) * seq + q) * seq..][..seq];
-        let mut top: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
-        top.sort_by(|a, b| b.1.total_cmp(&a.1));
-        // `+ 0.0` turns a sum of negative zeros into a plain 0.
-        let ignored: f32 = row[lengths[b]..].iter().sum::<f32>() + 0.0;
-        let shown: Vec<String> = top[..3]
-            .iter()
-            .map(|&(k, p)| format!("{:?}@{k} {p:.3}", sentence.as_bytes()[k] as char))
-            .collect();
-        println!(
-            "  {sentence:<60} last token attends: {}  (weight on padding: {ignored})",
-            shown.join(", ")
-        );
-    }
-
-    // Invariant 1: decoding through the key/value cache equals the full causal pass.
-    let mut cache = KvCache::new();
-    let mut max_cache_diff = 0f32;
-    let full = out.context;
-    for t in 0..seq {
-        let step_mask = pad.clone().narrow_keys(0, t + 1);
-        let step = mha
-            .forward_cached(
-                MhaInput::self_attn(x.clone().narrow(1, t, 1)).mask(step_mask),
-                &mut cache,
-            )
-            .context;
-        let diff: f32 = (step - full.clone().narrow(1, t, 1))
-            .abs()
-            .max()
-            .into_scalar()
-            .elem_f32();
-        max_cache_diff = max_cache_diff.max(diff);
-    }
-    // Invariant 2: each sentence alone gives the same outputs as inside the padded batch.
-    let mut max_pad_diff = 0f32;
-    for (b, &len) in lengths.iter().enumerate() {
-        let alone = mha
-            .forward(MhaInput::self_attn(x.clone().narrow(0, b, 1).narrow(1, 0, len)).causal())
-            .context;
-        let batched = full.clone().narrow(0, b, 1).narrow(1, 0, len);
-        let diff: f32 = (alone - batched).abs().max().into_scalar().elem_f32();
-        max_pad_diff = max_pad_diff.max(diff);
-    }
-    println!("cached step-by-step decoding vs full pass: max |diff| = {max_cache_diff:.2e}");
-    println!("each sentence alone vs in the padded batch:  max |diff| = {max_pad_diff:.2e}");
-    if max_cache_diff > 1e-4 || max_pad_diff > 1e-4 {
-        return Err("an invariant does not hold".into());
-    }
-    Ok(())
-}
-
-/// `f32` from a backend float element.
-trait ElemF32 {
-    fn elem_f32(self) -> f32;
-}
-
-impl<E: xfmr::burn::tensor::ElementConversion> ElemF32 for E {
-    fn elem_f32(self) -> f32 {
-        self.elem()
-    }
 }

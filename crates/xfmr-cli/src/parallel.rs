@@ -1,96 +1,83 @@
-//! Data-parallel `xfmr train`: this process's replicas (one per device) and joining the run
-//! (`xfmr_train::distributed` does the collective work).
+//! The data-parallel options of `xfmr train` (docs/distributed.md); the replicas themselves are
+//! the library's (`xfmr_train::replicas`).
 
 use std::time::Duration;
 
-// `Device` brings `from_id` into scope.
-use xfmr::burn::tensor::backend::{AutodiffBackend, Backend, Device as _, DeviceId, DeviceOps};
-use xfmr_train::{DataParallel, DataParallelConfig, Trainer};
+use anyhow::{anyhow, Result};
+use xfmr_train::{DataParallelConfig, TrainError};
 
-use crate::train::TrainArgs;
-
-/// Prints a replica's error and ends the process: the other replicas of this process may be
-/// waiting for it in a collective operation, and would otherwise wait until they time out.
-pub(crate) fn fail_fast<T>(error: String) -> T {
-    eprintln!("error: {error}");
-    std::process::exit(1)
+/// Where this process sits in a data-parallel run.
+#[derive(clap::Args, Debug)]
+pub struct ParallelArgs {
+    /// Processes in a data-parallel run, one per machine or per process slot
+    /// (docs/distributed.md); 1 trains alone.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u32,
+    /// This process's rank in `0..nodes`. Rank 0 hosts the coordinator and alone writes
+    /// checkpoints, metrics, pictures and the final model; the others read `--out` only to
+    /// resume from its last checkpoint.
+    #[arg(long, default_value_t = 0)]
+    pub rank: u32,
+    /// The coordinator as every rank reaches it, `host:port` (rank 0 listens on the port).
+    #[arg(long, default_value = "127.0.0.1:29500")]
+    pub coordinator: String,
+    /// This process's host name or address as the other ranks reach it.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// The port this rank serves its gradients on (default: 29501 + rank).
+    #[arg(long)]
+    pub data_port: Option<u16>,
+    /// Seconds a rank waits for the others in a collective operation before it fails, naming
+    /// the ranks it waited for.
+    #[arg(long, default_value_t = 600)]
+    pub peer_timeout: u64,
+    /// Model replicas in this process, one per device (the GPUs of one machine), each on its
+    /// own thread with its share of every batch (docs/distributed.md). Devices `0..N` of the
+    /// backend's default kind, else of its discrete GPUs; a backend with fewer (the CPU
+    /// backends have one) puts every replica on its default device: no faster, for testing.
+    #[arg(long, default_value_t = 1)]
+    pub devices: u32,
 }
 
-/// The devices of this process's `n` replicas: devices `0..n` of the backend's default kind,
-/// else of its discrete GPUs (kind 0), else the default device `n` times (a CPU backend has one
-/// device: its replicas share it, which tests data parallelism but is no faster than one).
-pub(crate) fn local_devices<B: Backend>(n: u32) -> Result<Vec<B::Device>, String> {
-    let default = B::Device::default();
-    if n <= 1 {
-        return match n {
-            1 => Ok(vec![default]),
-            _ => Err("--devices 0: at least one device".to_string()),
+impl ParallelArgs {
+    /// The data-parallel configuration, `None` when training alone. Installs a log subscriber
+    /// for burn's collective (warnings and errors on stderr: without one, burn-communication
+    /// installs its own, printing every transfer on stdout).
+    pub fn config(&self) -> Result<Option<DataParallelConfig>> {
+        if self.nodes <= 1 && self.devices <= 1 {
+            return Ok(None);
+        }
+        let port = match self.data_port {
+            Some(port) => port,
+            None => u16::try_from(29501 + self.rank)
+                .map_err(|_| anyhow!("--rank {} leaves no default --data-port", self.rank))?,
         };
-    }
-    let index = |i: u32| u16::try_from(i).map_err(|_| format!("--devices {n}: too many"));
-    for kind in [default.id().type_id, 0] {
-        if B::device_count(kind) < n as usize {
-            continue;
-        }
-        let devices = (0..n)
-            .map(|i| Ok(B::Device::from_id(DeviceId::new(kind, index(i)?))))
-            .collect::<Result<Vec<_>, String>>()?;
-        // A kind whose index means nothing (wgpu's `DefaultDevice`) gives one device n times.
-        let mut ids: Vec<DeviceId> = devices.iter().map(DeviceOps::id).collect();
-        ids.sort();
-        ids.dedup();
-        if ids.len() == devices.len() {
-            eprintln!("{n} replicas on {devices:?}");
-            return Ok(devices);
-        }
-    }
-    eprintln!(
-        "the backend has fewer than {n} devices: the {n} replicas share {default:?} (correct, \
-         but no faster than one)"
-    );
-    Ok(vec![default; n as usize])
-}
-
-/// Joins the data-parallel run of `args` as this process's replica `device_index` (node 0's
-/// first replica starts the coordinator) and checks that every replica learnt or loaded the
-/// same vocabulary (`vocabulary`, its fingerprint).
-pub(crate) fn join_run<B: AutodiffBackend>(
-    trainer: Trainer<B>,
-    args: &TrainArgs,
-    device_index: u32,
-    vocabulary: u64,
-    device: &B::Device,
-) -> Result<Trainer<B>, String> {
-    let port = match args.data_port {
-        Some(port) => port,
-        None => u16::try_from(29501 + args.rank)
-            .map_err(|_| format!("--rank {} leaves no default --data-port", args.rank))?,
-    };
-    let config = DataParallelConfig::new(
-        args.nodes,
-        args.rank,
-        args.coordinator.as_str(),
-        args.host.as_str(),
-        port,
-    )
-    .with_devices(args.devices)
-    .with_timeout(Duration::from_secs(args.peer_timeout));
-    if device_index == 0 {
         eprintln!(
             "rank {} of {} ({} device(s)): joining the run coordinated at {} (serving on \
              {}:{port})",
-            args.rank, args.nodes, args.devices, args.coordinator, args.host
+            self.rank, self.nodes, self.devices, self.coordinator, self.host
         );
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+            .try_init();
+        Ok(Some(
+            DataParallelConfig::new(
+                self.nodes,
+                self.rank,
+                self.coordinator.as_str(),
+                self.host.as_str(),
+                port,
+            )
+            .with_devices(self.devices)
+            .with_timeout(Duration::from_secs(self.peer_timeout)),
+        ))
     }
-    // burn-communication installs a subscriber printing every transfer (INFO) on stdout unless
-    // one is already there: ours keeps warnings and errors, on stderr.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-        .try_init();
-    let run = DataParallel::<B::InnerBackend>::join(config, device_index, device)
-        .map_err(|e| e.to_string())?;
-    run.agree(vocabulary, "the BPE vocabulary")
-        .map_err(|e| e.to_string())?;
-    trainer.with_data_parallel(run).map_err(|e| e.to_string())
+}
+
+/// Prints a replica's error and ends the process: the other replicas of this process may be
+/// waiting for it in a collective operation, and would otherwise wait until they time out.
+pub(crate) fn fail_fast(error: &TrainError) {
+    eprintln!("error: {error}");
+    std::process::exit(1)
 }

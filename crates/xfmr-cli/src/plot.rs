@@ -5,6 +5,8 @@
 use std::path::Path;
 use std::sync::Once;
 
+use anyhow::{anyhow, Context, Result};
+
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use xfmr::models::checkpoint::write_atomic;
@@ -21,7 +23,7 @@ fn fonts() {
     });
 }
 
-fn save_rgb(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> {
+fn save_rgb(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<()> {
     let mut bytes = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut bytes, w, h);
@@ -29,16 +31,16 @@ fn save_rgb(path: &Path, rgb: &[u8], (w, h): (u32, u32)) -> Result<(), String> {
         encoder.set_depth(png::BitDepth::Eight);
         let mut writer = encoder
             .write_header()
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .with_context(|| path.display().to_string())?;
         writer
             .write_image_data(rgb)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+            .with_context(|| path.display().to_string())?;
     }
-    write_atomic(path, &bytes).map_err(|e| e.to_string())
+    Ok(write_atomic(path, &bytes)?)
 }
 
-fn draw_err(path: &Path) -> impl Fn(String) -> String + '_ {
-    move |e| format!("{}: drawing failed: {e}", path.display())
+fn draw_err(path: &Path) -> impl Fn(String) -> anyhow::Error + '_ {
+    move |e| anyhow!("{}: drawing failed: {e}", path.display())
 }
 
 /// Training loss per step (and validation loss where measured) against the step, log-scaled
@@ -48,7 +50,7 @@ pub fn loss_curve(
     title: &str,
     train: &[(f64, f64)],
     valid: &[(f64, f64)],
-) -> Result<(), String> {
+) -> Result<()> {
     fonts();
     let size = (900u32, 540u32);
     let mut rgb = vec![255u8; (size.0 * size.1 * 3) as usize];
@@ -110,7 +112,7 @@ pub fn heatmap(
     rows: &[String],
     cols: &[String],
     weights: &[Vec<f32>],
-) -> Result<(), String> {
+) -> Result<()> {
     fonts();
     let cell = 28u32;
     let label = 8 * rows

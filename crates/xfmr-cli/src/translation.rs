@@ -4,24 +4,20 @@
 use std::fs;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
 use std::time::Instant;
 
 use serde_json::{json, Value};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::burn::tensor::{Int, Tensor, TensorData};
 use xfmr::models::checkpoint::write_atomic;
-use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer};
+use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
-use xfmr_train::trainer;
 use xfmr_train::translate::{score, translate};
 use xfmr_train::SubwordTokenizer;
 
 use crate::plot;
-
-/// Turns an I/O error into a message naming `path`.
-pub(crate) fn io_err(path: &Path) -> impl Fn(std::io::Error) -> String + '_ {
-    move |e| format!("{}: {e}", path.display())
-}
 
 /// Where a run directory keeps its BPE vocabulary.
 pub(crate) fn tokenizer_path(run: &Path) -> PathBuf {
@@ -35,7 +31,7 @@ pub(crate) fn evaluate_and_show<B: Backend>(
     test: &[Pair],
     beam: usize,
     out: &Path,
-) -> Result<(), String> {
+) -> Result<()> {
     let sources: Vec<&str> = test.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = test.iter().map(|p| p.tgt.clone()).collect();
     let mut results = serde_json::Map::new();
@@ -52,7 +48,7 @@ pub(crate) fn evaluate_and_show<B: Backend>(
     ] {
         let t = Instant::now();
         let hyps = translate_texts(model, tokenizer, &sources, strategy)?;
-        let scores = score(&hyps, &refs).map_err(|e| e.to_string())?;
+        let scores = score(&hyps, &refs)?;
         let seconds = t.elapsed().as_secs_f64();
         println!(
             "test ({} sentences, {name}): BLEU {:.2}  chrF {:.2}  ({:.1} s)",
@@ -62,7 +58,7 @@ pub(crate) fn evaluate_and_show<B: Backend>(
             seconds
         );
         let path = out.join(format!("test.{name}.txt"));
-        write_atomic(&path, (hyps.join("\n") + "\n").as_bytes()).map_err(|e| e.to_string())?;
+        write_atomic(&path, (hyps.join("\n") + "\n").as_bytes())?;
         results.insert(
             name.into(),
             json!({"bleu": scores.bleu.score, "chrf": scores.chrf, "sentences": test.len(),
@@ -70,8 +66,8 @@ pub(crate) fn evaluate_and_show<B: Backend>(
         );
         outputs.push(hyps);
     }
-    let json = serde_json::to_vec_pretty(&Value::Object(results)).map_err(|e| e.to_string())?;
-    write_atomic(&out.join("results.json"), &json).map_err(|e| e.to_string())?;
+    let json = serde_json::to_vec_pretty(&Value::Object(results))?;
+    write_atomic(&out.join("results.json"), &json)?;
     for i in 0..test.len().min(5) {
         println!("\nsource:    {}", test[i].src);
         println!("reference: {}", test[i].tgt);
@@ -108,41 +104,49 @@ fn translate_texts<B: Backend>(
     tokenizer: &SubwordTokenizer,
     sources: &[&str],
     strategy: Strategy,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>> {
     let out = translate(
         model,
         tokenizer,
         sources,
         &options(strategy, tokenizer, 128),
         32,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     Ok(out
         .into_iter()
         .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
         .collect())
 }
 
-/// The model a run directory holds: its averaged final model, else its last checkpoint.
-fn load_run<B: Backend>(run: &Path) -> Result<(Transformer<B>, SubwordTokenizer), String> {
-    let device = B::Device::default();
-    let tokenizer = SubwordTokenizer::load(&tokenizer_path(run)).map_err(|e| e.to_string())?;
-    let final_dir = run.join("model");
-    let dir = if final_dir.is_dir() {
-        final_dir
-    } else {
-        trainer::latest_checkpoint(run)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| {
-                format!(
-                    "{}: no model/ and no checkpoint (train one with `xfmr train --out {}`)",
-                    run.display(),
-                    run.display()
-                )
-            })?
-    };
-    let (_, model) = trainer::load_model::<B>(&dir, &device).map_err(|e| e.to_string())?;
-    Ok((model, tokenizer))
+/// The translation model of a run directory and its vocabulary.
+fn load_run<B: Backend>(run: &Path) -> Result<(Transformer<B>, SubwordTokenizer)> {
+    crate::lm::load_run::<B, TransformerConfig>(run, crate::spec::Task::Translation, "translate")
+}
+
+/// What `xfmr train` shows at the end of a translation run: greedy and beam BLEU/chrF on
+/// `test` and a few translations (when `test` is not empty), and the attention maps of a short
+/// test sentence, from the run's final model.
+pub(crate) fn show_run<B: Backend>(
+    run: &Path,
+    tokenizer: &SubwordTokenizer,
+    test: &[Pair],
+    beam: usize,
+) -> Result<()> {
+    if test.is_empty() {
+        return Ok(());
+    }
+    let (model, _) = load_run::<B>(run)?;
+    evaluate_and_show(&model, tokenizer, test, beam, run)?;
+    if let Some(sample) = test.iter().find(|p| p.src.split_whitespace().count() <= 10) {
+        let dir = run.join("attention");
+        let files = attention_maps(&model, tokenizer, &sample.src, &dir)?;
+        eprintln!(
+            "attention maps ({files} PNGs) of \"{}\": {}",
+            sample.src,
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 /// `xfmr translate`.
@@ -151,14 +155,14 @@ pub fn translate_cmd<B: Backend>(
     sentences: &[String],
     beam: usize,
     n_best: usize,
-) -> Result<(), String> {
+) -> Result<()> {
     let (model, tokenizer) = load_run::<B>(run)?;
     let lines: Vec<String> = if sentences.is_empty() {
         std::io::stdin()
             .lock()
             .lines()
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("stdin: {e}"))?
+            .context("stdin")?
     } else {
         sentences.to_vec()
     };
@@ -169,8 +173,7 @@ pub fn translate_cmd<B: Backend>(
         &sources,
         &options(strategy(beam, n_best), &tokenizer, 128),
         32,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     for candidates in out {
         if n_best <= 1 {
             println!(
@@ -194,9 +197,9 @@ pub fn eval_cmd<B: Backend>(
     beam: usize,
     limit: Option<usize>,
     hypotheses: Option<&Path>,
-) -> Result<(), String> {
+) -> Result<()> {
     let (model, tokenizer) = load_run::<B>(run)?;
-    let pairs = data::read_tsv(tsv).map_err(|e| e.to_string())?;
+    let pairs = data::read_tsv(tsv)?;
     let pairs: Vec<Pair> = pairs
         .into_iter()
         .take(limit.unwrap_or(usize::MAX))
@@ -204,7 +207,7 @@ pub fn eval_cmd<B: Backend>(
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = pairs.iter().map(|p| p.tgt.clone()).collect();
     let hyps = translate_texts(&model, &tokenizer, &sources, strategy(beam, 1))?;
-    let scores = score(&hyps, &refs).map_err(|e| e.to_string())?;
+    let scores = score(&hyps, &refs)?;
     println!(
         "{}: {} sentences, {}: BLEU {:.2}  chrF {:.2}",
         tsv.display(),
@@ -215,7 +218,7 @@ pub fn eval_cmd<B: Backend>(
     );
     println!("{:?}", scores.bleu);
     if let Some(path) = hypotheses {
-        write_atomic(path, (hyps.join("\n") + "\n").as_bytes()).map_err(|e| e.to_string())?;
+        write_atomic(path, (hyps.join("\n") + "\n").as_bytes())?;
     }
     Ok(())
 }
@@ -228,7 +231,7 @@ pub fn attention_maps<B: Backend>(
     tokenizer: &SubwordTokenizer,
     sentence: &str,
     out: &Path,
-) -> Result<usize, String> {
+) -> Result<usize> {
     let device = model.src_embedding.weight.device();
     let translation = translate(
         model,
@@ -236,15 +239,13 @@ pub fn attention_maps<B: Backend>(
         &[sentence],
         &options(Strategy::Greedy, tokenizer, 64),
         1,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let target = translation[0]
         .first()
         .map(|c| c.tokens.clone())
         .unwrap_or_default();
     let mut src: Vec<i64> = tokenizer
-        .encode(sentence)
-        .map_err(|e| e.to_string())?
+        .encode(sentence)?
         .into_iter()
         .map(|t| t as i64)
         .collect();
@@ -265,13 +266,11 @@ pub fn attention_maps<B: Backend>(
         .map(piece)
         .collect();
     let (s, t) = (src.len(), tgt_in.len());
-    let maps = model
-        .forward_with_attention(
-            Tensor::<B, 2, Int>::from_data(TensorData::new(src, [1, s]), &device),
-            Tensor::<B, 2, Int>::from_data(TensorData::new(tgt_in, [1, t]), &device),
-        )
-        .map_err(|e| e.to_string())?;
-    fs::create_dir_all(out).map_err(io_err(out))?;
+    let maps = model.forward_with_attention(
+        Tensor::<B, 2, Int>::from_data(TensorData::new(src, [1, s]), &device),
+        Tensor::<B, 2, Int>::from_data(TensorData::new(tgt_in, [1, t]), &device),
+    )?;
+    fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let mut files = 0;
     for (kind, layers, rows) in [
         ("encoder self-attention", &maps.encoder, &src_labels),
@@ -283,7 +282,7 @@ pub fn attention_maps<B: Backend>(
                 .to_data()
                 .convert::<f32>()
                 .to_vec()
-                .map_err(|e| format!("{e:?}"))?;
+                .map_err(|e| anyhow!("{e:?}"))?;
             for h in 0..heads {
                 let grid: Vec<Vec<f32>> = (0..n_rows)
                     .map(|r| {
@@ -307,7 +306,7 @@ pub fn attention_maps<B: Backend>(
 }
 
 /// `xfmr attention` from a run directory.
-pub fn attention_cmd<B: Backend>(run: &Path, sentence: &str, out: &Path) -> Result<(), String> {
+pub fn attention_cmd<B: Backend>(run: &Path, sentence: &str, out: &Path) -> Result<()> {
     let (model, tokenizer) = load_run::<B>(run)?;
     let files = attention_maps(&model, &tokenizer, sentence, out)?;
     println!("{files} attention maps written to {}", out.display());
@@ -323,22 +322,22 @@ pub fn prepare_data(
     valid: usize,
     test: usize,
     seed: u64,
-) -> Result<(), String> {
-    let pairs = data::read_tsv(input).map_err(|e| e.to_string())?;
+) -> Result<()> {
+    let pairs = data::read_tsv(input)?;
     let total = pairs.len();
     let short: Vec<Pair> = pairs
         .into_iter()
         .filter(|p| p.src.chars().count() <= max_chars && p.tgt.chars().count() <= max_chars)
         .collect();
     let kept = short.len();
-    let splits = data::split(short, valid, test, seed).map_err(|e| e.to_string())?;
-    fs::create_dir_all(out).map_err(io_err(out))?;
+    let splits = data::split(short, valid, test, seed)?;
+    fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     for (name, pairs) in [
         ("train.tsv", &splits.train),
         ("valid.tsv", &splits.valid),
         ("test.tsv", &splits.test),
     ] {
-        data::write_tsv(&out.join(name), pairs).map_err(|e| e.to_string())?;
+        data::write_tsv(&out.join(name), pairs)?;
     }
     println!(
         "{}: {total} pairs, {kept} with both sides ≤ {max_chars} characters → train {}, valid {}, \

@@ -326,8 +326,11 @@ fn checkpoint_params(dir: &std::path::Path) -> Vec<Vec<f32>> {
         }
     }
     let (_, model) =
-        xfmr_train::trainer::average_checkpoints::<B>(&[dir.to_path_buf()], &Default::default())
-            .unwrap();
+        xfmr_train::trainer::average_checkpoints::<B, xfmr::models::TransformerConfig>(
+            &[dir.to_path_buf()],
+            &Default::default(),
+        )
+        .unwrap();
     let mut collect = Collect(Vec::new());
     model.visit(&mut collect);
     collect.0
@@ -369,16 +372,22 @@ fn data_parallel_trains_as_one(nodes: usize, devices: usize) {
     let data = small_corpus(dir.path());
     let data = data.to_str().unwrap();
     let model = xfmr::models::TransformerConfig::tiny(300).map_layer(|l| l.with_dropout(0.0));
-    let config = xfmr_train::TrainConfig::new(model)
+    let config = xfmr::train::TrainConfig::new()
         .with_steps(6)
         .with_max_tokens(400)
         .with_warmup(4)
         .with_lr_factor(0.3) // the CLI's default
         .with_epsilon(0.1)
         .with_checkpoint_every(3)
-        .with_keep_checkpoints(2);
+        .with_keep_checkpoints(2)
+        .with_average(2);
+    let spec = serde_json::json!({
+        "task": "translation",
+        "objective": xfmr::train::Translation::new(model),
+        "train": config,
+    });
     let config_path = dir.path().join("train-config.json");
-    std::fs::write(&config_path, serde_json::to_vec(&config).unwrap()).unwrap();
+    std::fs::write(&config_path, serde_json::to_vec(&spec).unwrap()).unwrap();
     let mut single_args = train_args(data, "", "6", "0");
     let at = single_args.iter().position(|&a| a == "--preset").unwrap();
     single_args.splice(at..at + 2, ["--config", config_path.to_str().unwrap()]);
@@ -523,4 +532,102 @@ fn a_missing_rank_is_named_after_the_timeout() {
         );
     }
     assert!(!run.join("checkpoints").exists());
+}
+
+/// `--task lm`: a GPT-like model of the English side, trained, then continuing a prompt through
+/// `xfmr generate --run`; a translation run is refused there, naming the task it needs.
+#[test]
+fn objective_lm_trains_and_generates_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_corpus(dir.path());
+    let run = dir.path().join("lm");
+    let mut args = train_args(data.to_str().unwrap(), run.to_str().unwrap(), "8", "3");
+    args.extend(["--task", "lm"]);
+    let out = xfmr_ok(&args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("greedy:"), "{stdout}");
+    assert_eq!(train_losses(&run).len(), 8);
+    assert!(run.join("model/model.mpk").exists());
+    let out = xfmr_ok(&[
+        "generate",
+        "--run",
+        run.to_str().unwrap(),
+        "--max-tokens",
+        "5",
+        "And God",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("And God"), "{text}");
+
+    let translation = dir.path().join("tr");
+    xfmr_ok(&train_args(
+        data.to_str().unwrap(),
+        translation.to_str().unwrap(),
+        "2",
+        "0",
+    ));
+    let out = xfmr(&[
+        "generate",
+        "--run",
+        translation.to_str().unwrap(),
+        "And God",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("needs a `--task lm` run"), "{stderr}");
+}
+
+/// `--task mlm`: a BERT-like model of the English side, trained, then filling in a mask and
+/// embedding sentences (`xfmr fill-mask --run`, `xfmr embed --run`).
+#[test]
+fn objective_mlm_trains_fills_masks_and_embeds_from_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_corpus(dir.path());
+    let run = dir.path().join("mlm");
+    let mut args = train_args(data.to_str().unwrap(), run.to_str().unwrap(), "8", "3");
+    args.extend(["--task", "mlm"]);
+    let out = xfmr_ok(&args);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("original"));
+    let run_s = run.to_str().unwrap();
+    let out = xfmr_ok(&[
+        "fill-mask",
+        "--run",
+        run_s,
+        "--top",
+        "3",
+        "And God <mask> the light",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("mask 1:"), "{text}");
+    let out = xfmr_ok(&["embed", "--run", run_s, "In the beginning", "And God said"]);
+    let vectors: Vec<Vec<f64>> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(vectors.len(), 2);
+    for v in &vectors {
+        assert_eq!(v.len(), 64, "tiny preset: d_model 64");
+        let norm: f64 = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-4, "L2-normalised: {norm}");
+    }
+}
+
+#[allow(dead_code)]
+#[path = "../../../examples/train_custom.rs"]
+mod train_custom;
+
+/// `examples/train_custom.rs`, the downstream example, trains on a small TSV file, prints its
+/// validation lines and leaves a final model; run again, it resumes and has nothing left to do.
+#[test]
+fn the_downstream_example_trains_on_a_tsv_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_corpus(dir.path());
+    let run = dir.path().join("custom");
+    let summary = train_custom::train(&data.join("train.tsv"), &run, 20).unwrap();
+    assert_eq!((summary.start_step, summary.step), (0, 20));
+    let validation = summary.validation.unwrap();
+    assert!(validation.loss.is_finite() && validation.tokens > 0);
+    assert!(summary.final_model.unwrap().join("model.mpk").exists());
+    let again = train_custom::train(&data.join("train.tsv"), &run, 20).unwrap();
+    assert_eq!((again.start_step, again.step), (20, 20));
 }

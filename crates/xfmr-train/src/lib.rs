@@ -1,6 +1,10 @@
-//! The paper's main job on xfmr models: train an encoder-decoder translation model, translate,
-//! evaluate.
+//! Training for every xfmr model family, and the paper's main job: train an encoder-decoder
+//! translation model, translate, evaluate.
 //!
+//! - [`objective`]: what a model learns: the [`Objective`] trait and its three provided
+//!   objectives, [`Translation`] (the paper's), [`CausalLm`] (GPT-like) and [`MaskedLm`]
+//!   (BERT-like).
+//! - [`replicas`]: this process's data-parallel replicas, one thread and device each.
 //! - [`metrics`]: corpus and sentence BLEU and chrF, as sacreBLEU 2.6 computes them.
 //! - [`data`]: `source<TAB>target` corpora, a split that keeps near-duplicates on one side,
 //!   batches by token count.
@@ -10,7 +14,8 @@
 //!   of the smoothing mass, and the warm-up / inverse-square-root learning rate of §5.3.
 //! - [`tokenizer`]: the shared BPE vocabulary, learnt on the training split.
 //! - [`trainer`]: the training loop (burn's Adam, Noam schedule and gradient accumulator),
-//!   checkpoints that resume exactly, checkpoint averaging, validation loss.
+//!   checkpoints that resume exactly, checkpoint averaging, validation loss, and the whole run
+//!   ([`Trainer::run`]) reported to an [`Observer`].
 //! - [`translate`]: corpus encoding, translation (greedy or beam, n-best), BLEU and chrF of the
 //!   output.
 //!
@@ -20,11 +25,18 @@ pub mod data;
 pub mod distributed;
 pub mod loss;
 pub mod metrics;
+pub mod objective;
+pub mod replicas;
 pub mod tokenizer;
 pub mod trainer;
 pub mod translate;
 
 pub use distributed::{DataParallel, DataParallelConfig};
 pub use metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, BleuScore, MetricError};
+pub use objective::{CausalLm, Example, MaskedLm, Objective, Translation};
+pub use replicas::{local_devices, open_replicas, run_replicas};
 pub use tokenizer::SubwordTokenizer;
-pub use trainer::{Example, Progress, StepReport, TrainConfig, TrainError, Trainer};
+pub use trainer::{
+    Event, MetricsFormat, MetricsLog, Observer, Progress, RunSummary, Silent, StepReport, Tee,
+    TrainConfig, TrainError, Trainer,
+};

@@ -28,6 +28,9 @@ pub const BOS: &str = "<s>";
 pub const EOS: &str = "</s>";
 /// Unknown token (a character never seen in training), id 3.
 pub const UNK: &str = "<unk>";
+/// The mask token of masked-language-model training (BERT's `[MASK]`): not among the four
+/// learnt specials; [`SubwordTokenizer::with_mask`] adds it after the learnt vocabulary.
+pub const MASK: &str = "<mask>";
 
 /// What can go wrong learning, saving or loading a vocabulary.
 #[derive(Debug, Error)]
@@ -178,7 +181,23 @@ impl SubwordTokenizer {
         2
     }
 
-    /// Subword ids of `text` (no special tokens added).
+    /// This vocabulary with [`MASK`] added as a special token after the last id (if it is not
+    /// there yet): masked-language-model training needs it, translation does not.
+    pub fn with_mask(mut self) -> Self {
+        if self.mask_id().is_none() {
+            self.inner
+                .add_special_tokens(&[AddedToken::from(MASK, true)]);
+        }
+        self
+    }
+
+    /// Id of [`MASK`], if the vocabulary has it.
+    pub fn mask_id(&self) -> Option<usize> {
+        self.inner.token_to_id(MASK).map(|id| id as usize)
+    }
+
+    /// Subword ids of `text` (no special tokens added; [`MASK`] written in the text, with the
+    /// vocabulary [`with_mask`](Self::with_mask), becomes its id).
     ///
     /// # Errors
     /// [`TokenizerError::Tokenizers`] if encoding fails.

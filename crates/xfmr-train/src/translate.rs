@@ -6,8 +6,9 @@ use xfmr_models::{GenerationOptions, Transformer};
 
 use crate::data::Pair;
 use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
+use crate::objective::Example;
 use crate::tokenizer::SubwordTokenizer;
-use crate::trainer::{Example, TrainError};
+use crate::trainer::TrainError;
 
 /// Subword ids of every pair (no start or end tokens: the trainer adds them).
 ///

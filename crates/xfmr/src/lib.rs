@@ -12,6 +12,9 @@
 //! - [`models`] (`xfmr-models`): the encoder-decoder Transformer, encoder-only (BERT-like,
 //!   with Hugging Face BERT import) and decoder-only (GPT-like) models, generation (greedy,
 //!   beam search, sampling) through key/value caches, checkpoints.
+//! - [`train`] (`xfmr-train`, feature `train`, on by default): training for every model family
+//!   (translation, causal and masked language models, or an objective of your own), exact
+//!   resume, checkpoint averaging, data parallelism, corpora, BPE vocabularies, BLEU and chrF.
 //!
 //! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
 //! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
@@ -22,6 +25,8 @@ pub use xfmr_attention as attention;
 pub use xfmr_blocks as blocks;
 pub use xfmr_models as models;
 pub use xfmr_position as position;
+#[cfg(feature = "train")]
+pub use xfmr_train as train;
 
 /// Backend types beyond burn's own aliases.
 #[cfg(feature = "wgpu")]

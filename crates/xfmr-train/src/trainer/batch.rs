@@ -1,131 +1,46 @@
-//! Training pairs, padded batches, their loss, and the validation loss.
+//! Token-count batches of an objective's examples, the objective's draws, and the validation
+//! loss.
 
+use burn::module::Module;
 use burn::tensor::backend::Backend;
-use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
-use xfmr_models::Transformer;
+use burn::tensor::ElementConversion;
 
 use super::{TrainConfig, TrainError};
-use crate::data::token_batches;
-use crate::loss::{label_smoothed_loss, SmoothedLoss};
+use crate::data::{token_batches, SplitMix64};
+use crate::objective::{ModelOf, Objective};
 
-/// One training pair as token ids, without start or end tokens (the trainer adds them).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Example {
-    /// Source ids.
-    pub src: Vec<u32>,
-    /// Target ids.
-    pub tgt: Vec<u32>,
-}
-
-/// A padded batch, ready for the model.
-#[derive(Debug, Clone)]
-pub struct Batch<B: Backend> {
-    /// Sources followed by the end token, right-padded: `[rows, seq_src]`.
-    pub src: Tensor<B, 2, Int>,
-    /// The start token followed by the targets (teacher forcing): `[rows, seq_tgt]`.
-    pub tgt_in: Tensor<B, 2, Int>,
-    /// The targets followed by the end token: what each position predicts, `[rows, seq_tgt]`.
-    pub tgt_out: Tensor<B, 2, Int>,
-    /// Non-padding source tokens.
-    pub src_tokens: usize,
-    /// Non-padding target tokens (the loss's denominator).
-    pub tgt_tokens: usize,
-}
-
-impl<B: Backend> Batch<B> {
-    /// Pads `examples` into one batch with the given special ids.
-    ///
-    /// # Panics
-    /// If `examples` is empty.
-    pub fn new(
-        examples: &[&Example],
-        pad: usize,
-        bos: usize,
-        eos: usize,
-        device: &B::Device,
-    ) -> Self {
-        assert!(!examples.is_empty(), "Batch::new: no examples");
-        let rows = examples.len();
-        let src_len = examples.iter().map(|e| e.src.len() + 1).max().unwrap_or(1);
-        let tgt_len = examples.iter().map(|e| e.tgt.len() + 1).max().unwrap_or(1);
-        let (pad, bos, eos) = (pad as i64, bos as i64, eos as i64);
-        let padded = |ids: Vec<i64>, len: usize| {
-            let n = ids.len();
-            ids.into_iter().chain(std::iter::repeat_n(pad, len - n))
-        };
-        let tensor = |flat: Vec<i64>, len: usize| {
-            Tensor::<B, 2, Int>::from_data(TensorData::new(flat, [rows, len]), device)
-        };
-        fn ids(v: &[u32]) -> impl Iterator<Item = i64> + '_ {
-            v.iter().map(|&t| t as i64)
-        }
-        let src: Vec<i64> = examples
-            .iter()
-            .flat_map(|e| padded(ids(&e.src).chain([eos]).collect(), src_len))
-            .collect();
-        let tgt_in: Vec<i64> = examples
-            .iter()
-            .flat_map(|e| padded([bos].into_iter().chain(ids(&e.tgt)).collect(), tgt_len))
-            .collect();
-        let tgt_out: Vec<i64> = examples
-            .iter()
-            .flat_map(|e| padded(ids(&e.tgt).chain([eos]).collect(), tgt_len))
-            .collect();
-        Self {
-            src: tensor(src, src_len),
-            tgt_in: tensor(tgt_in, tgt_len),
-            tgt_out: tensor(tgt_out, tgt_len),
-            src_tokens: examples.iter().map(|e| e.src.len() + 1).sum(),
-            tgt_tokens: examples.iter().map(|e| e.tgt.len() + 1).sum(),
-        }
-    }
-}
-
-/// Token-count batches of `examples`, each pair counted with its end token.
-pub(crate) fn batches_of(examples: &[Example], max_tokens: usize) -> Vec<Vec<usize>> {
-    let lengths: Vec<(usize, usize)> = examples
-        .iter()
-        .map(|e| (e.src.len() + 1, e.tgt.len() + 1))
-        .collect();
+/// Token-count batches of `examples` by the objective's padded lengths.
+pub(crate) fn batches_of<O: Objective>(
+    objective: &O,
+    examples: &[O::Example],
+    max_tokens: usize,
+) -> Vec<Vec<usize>> {
+    let lengths: Vec<(usize, usize)> = examples.iter().map(|e| objective.lengths(e)).collect();
     token_batches(&lengths, max_tokens)
 }
 
-/// The label-smoothed loss of `model` on the pairs `indices` of `examples`, padded into one
-/// batch, and the batch's source tokens.
-pub(crate) fn batch_loss<B: Backend>(
-    model: &Transformer<B>,
-    config: &TrainConfig,
-    examples: &[Example],
-    indices: &[usize],
-    device: &B::Device,
-) -> Result<(SmoothedLoss<B>, usize), TrainError> {
-    let rows: Vec<&Example> = indices.iter().map(|&i| &examples[i]).collect();
-    let batch = Batch::<B>::new(
-        &rows,
-        config.model.pad_id,
-        config.bos_id,
-        config.eos_id,
-        device,
-    );
-    let logits = model.forward(batch.src, batch.tgt_in)?;
-    let out = label_smoothed_loss(
-        logits,
-        batch.tgt_out,
-        config.model.pad_id,
-        config.label_smoothing,
-    );
-    Ok((out, batch.src_tokens))
+/// The draw of example `index` at step `step` of a run seeded `seed` (see
+/// [`crate::objective`]): independent of which replica reads the example.
+pub(crate) fn draw(seed: u64, step: u64, index: usize) -> u64 {
+    let mixed = seed
+        ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (index as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    SplitMix64(mixed).next()
 }
 
-/// Validation loss: the label-smoothed loss and the negative log-likelihood per target token
-/// over `examples`, without dropout.
+/// The step number validation draws with (a step no run reaches), so that validation masks
+/// stay the same across evaluations.
+const VALIDATION_STEP: u64 = u64::MAX;
+
+/// Validation loss: the label-smoothed loss and the negative log-likelihood per predicted token
+/// over a set of examples, without dropout.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EvalLoss {
-    /// Label-smoothed loss per target token.
+    /// Label-smoothed loss per predicted token.
     pub loss: f64,
-    /// Negative log-likelihood per target token.
+    /// Negative log-likelihood per predicted token.
     pub nll: f64,
-    /// Target tokens scored.
+    /// Tokens predicted.
     pub tokens: usize,
 }
 
@@ -136,20 +51,29 @@ impl EvalLoss {
     }
 }
 
-/// The loss of `model` on `examples` (inference mode: call it on [`AutodiffModule::valid`](burn::module::AutodiffModule::valid) of
-/// the trained model, or on a loaded one), batched by `max_tokens`.
+/// The loss of `model` on `examples` under `objective` (inference mode: call it on
+/// [`AutodiffModule::valid`](burn::module::AutodiffModule::valid) of the trained model, or on a
+/// loaded one), batched by `config.max_tokens`; the objective's draws (masking) depend on
+/// `config.seed` and the example's index only, so every evaluation of a run scores the same
+/// task.
 ///
 /// # Errors
 /// No examples; a sequence longer than a learned position table.
-pub fn evaluate_loss<B: Backend>(
-    model: &Transformer<B>,
+pub fn evaluate_loss<B: Backend, O: Objective>(
+    objective: &O,
+    model: &ModelOf<O, B>,
     config: &TrainConfig,
-    examples: &[Example],
+    examples: &[O::Example],
 ) -> Result<EvalLoss, TrainError> {
-    let device = model.src_embedding.weight.device();
+    let device = model.devices().into_iter().next().unwrap_or_default();
     let (mut loss, mut nll, mut tokens) = (0.0, 0.0, 0);
-    for indices in batches_of(examples, config.max_tokens) {
-        let (out, _) = batch_loss(model, config, examples, &indices, &device)?;
+    for indices in batches_of(objective, examples, config.max_tokens) {
+        let rows: Vec<&O::Example> = indices.iter().map(|&i| &examples[i]).collect();
+        let draws: Vec<u64> = indices
+            .iter()
+            .map(|&i| draw(config.seed, VALIDATION_STEP, i))
+            .collect();
+        let out = objective.loss(model, &rows, &draws, &device)?.loss;
         loss += out.loss.into_scalar().elem::<f64>() * out.tokens as f64;
         nll += out.nll.into_scalar().elem::<f64>() * out.tokens as f64;
         tokens += out.tokens;
@@ -158,7 +82,7 @@ pub fn evaluate_loss<B: Backend>(
         return Err(TrainError::InvalidConfig {
             field: "examples",
             value: "0".into(),
-            expected: "at least one pair to evaluate",
+            expected: "at least one example to evaluate",
         });
     }
     Ok(EvalLoss {

@@ -1,37 +1,44 @@
 //! The training configuration.
 
 use burn::config::Config;
-use xfmr_models::TransformerConfig;
 
 use super::TrainError;
 
-/// How to train: the model, the batches, the optimiser and the checkpoints. Defaults are the
-/// paper's where it gives one (§5.2–5.4).
+/// How to train, whatever the objective: batches, optimiser, seed, the run's budget and its
+/// cadence. Defaults are the paper's where it gives one (§5.2–5.4). The model and what it
+/// predicts live in the [`Objective`](crate::Objective).
+///
+/// **On resume** a run keeps the recipe its checkpoint was written with (batches, optimiser,
+/// schedule, seed: what makes the resumed steps equal to uninterrupted ones) and takes the run's
+/// budget and cadence from the caller ([`TrainConfig::with_run_options_of`]): `steps`,
+/// `minutes`, `eval_every`, `checkpoint_every`, `keep_checkpoints`, `average`. A longer `steps`
+/// continues a finished run.
 #[derive(Config, Debug)]
 pub struct TrainConfig {
-    /// The model (its `layer.dropout` is the paper's P_drop, 0.1 for `base`).
-    pub model: TransformerConfig,
-    /// Padded tokens per micro-batch: rows × the longest sentence (source or target, end
-    /// token included) stays within it. The paper used ≈ 25,000 source and 25,000 target tokens
-    /// per step over 8 GPUs; `max_tokens × accumulate` is the equivalent here.
+    /// Padded tokens per micro-batch: rows × the longest sequence (input or output, special
+    /// tokens included) stays within it. The paper used ≈ 25,000 source and 25,000 target
+    /// tokens per step over 8 GPUs; `max_tokens × accumulate` is the equivalent here.
     #[config(default = 4096)]
     pub max_tokens: usize,
     /// Micro-batches whose gradients are summed (burn's `GradientsAccumulator`, each weighted by
-    /// its share of the step's target tokens) before one optimiser step.
+    /// its share of the step's predicted tokens) before one optimiser step.
     #[config(default = 1)]
     pub accumulate: usize,
-    /// Optimiser steps to train for (paper: 100,000 for `base`).
+    /// Optimiser steps to train for, counted from the start of the run (paper: 100,000 for
+    /// `base`).
     #[config(default = 1000)]
     pub steps: usize,
+    /// A wall-clock budget in minutes for this invocation of [`Trainer::run`](crate::Trainer::run),
+    /// on top of `steps`: the run stops at whichever comes first. The time is the leader's;
+    /// data-parallel replicas stop at the same step.
+    #[config(default = "None")]
+    pub minutes: Option<f64>,
     /// Warm-up steps of the schedule (paper: 4000).
     #[config(default = 4000)]
     pub warmup: usize,
     /// Multiplier of the schedule (paper: 1).
     #[config(default = 1.0)]
     pub lr_factor: f64,
-    /// Label smoothing ε (paper: 0.1).
-    #[config(default = 0.1)]
-    pub label_smoothing: f64,
     /// Adam β₁ (paper: 0.9).
     #[config(default = 0.9)]
     pub beta_1: f32,
@@ -41,24 +48,38 @@ pub struct TrainConfig {
     /// Adam ε (paper: 1e-9).
     #[config(default = 1e-9)]
     pub epsilon: f32,
-    /// Seed of the batch order and of dropout.
+    /// Seed of the initial weights, the batch order, dropout and the objective's draws.
     #[config(default = 42)]
     pub seed: u64,
-    /// Start-of-sentence id (the decoder's first input).
-    #[config(default = 1)]
-    pub bos_id: usize,
-    /// End-of-sentence id (appended to sources and targets).
-    #[config(default = 2)]
-    pub eos_id: usize,
+    /// Validation loss every this many steps (and after the last).
+    #[config(default = 200)]
+    pub eval_every: usize,
     /// Write a checkpoint every this many steps (and after the last).
     #[config(default = 200)]
     pub checkpoint_every: usize,
-    /// Checkpoints kept on disk, the newest (at least the ones averaged; paper: last 5).
+    /// Checkpoints kept on disk, the newest; at least `average`.
     #[config(default = 5)]
     pub keep_checkpoints: usize,
+    /// Checkpoints averaged into the final model (paper §6.1: the last 5).
+    #[config(default = 5)]
+    pub average: usize,
 }
 
 impl TrainConfig {
+    /// This configuration with the run options (budget and cadence, see the type's docs) of
+    /// `other`.
+    pub fn with_run_options_of(self, other: &TrainConfig) -> Self {
+        Self {
+            steps: other.steps,
+            minutes: other.minutes,
+            eval_every: other.eval_every,
+            checkpoint_every: other.checkpoint_every,
+            keep_checkpoints: other.keep_checkpoints,
+            average: other.average,
+            ..self
+        }
+    }
+
     pub(crate) fn check(&self) -> Result<(), TrainError> {
         let positive = |field, value: usize| {
             if value == 0 {
@@ -74,26 +95,22 @@ impl TrainConfig {
         positive("max_tokens", self.max_tokens)?;
         positive("accumulate", self.accumulate)?;
         positive("warmup", self.warmup)?;
+        positive("eval_every", self.eval_every)?;
         positive("checkpoint_every", self.checkpoint_every)?;
-        positive("keep_checkpoints", self.keep_checkpoints)?;
-        if !(0.0..1.0).contains(&self.label_smoothing) {
+        positive("average", self.average)?;
+        if self.keep_checkpoints < self.average {
             return Err(TrainError::InvalidConfig {
-                field: "label_smoothing",
-                value: self.label_smoothing.to_string(),
-                expected: "in [0, 1)",
+                field: "keep_checkpoints",
+                value: self.keep_checkpoints.to_string(),
+                expected: "at least `average` (the checkpoints averaged must be kept)",
             });
         }
-        let vocab = self.model.tgt_vocab_size;
-        for (field, id) in [
-            ("bos_id", self.bos_id),
-            ("eos_id", self.eos_id),
-            ("model.pad_id", self.model.pad_id),
-        ] {
-            if id >= vocab {
+        if let Some(minutes) = self.minutes {
+            if !(minutes > 0.0 && minutes.is_finite()) {
                 return Err(TrainError::InvalidConfig {
-                    field,
-                    value: id.to_string(),
-                    expected: "below the target vocabulary size",
+                    field: "minutes",
+                    value: minutes.to_string(),
+                    expected: "a positive number of minutes",
                 });
             }
         }

@@ -50,6 +50,26 @@ pub enum TrainError {
         /// What went wrong.
         problem: String,
     },
+    /// A training example the objective cannot use.
+    #[error("training example {index}: {problem}")]
+    InvalidExample {
+        /// Its index in the training set.
+        index: usize,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A file of the run (metrics, configuration) that cannot be read or written.
+    #[error("{}: {problem}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        problem: String,
+    },
+    /// Another replica of this process failed (its error, as text: the thread's error moves
+    /// no further).
+    #[error("a replica failed: {0}")]
+    Replica(String),
     /// A training option outside its range.
     #[error("invalid training option {field} = {value}: {expected}")]
     InvalidConfig {
@@ -63,6 +83,14 @@ pub enum TrainError {
 }
 
 impl TrainError {
+    /// An [`TrainError::Io`] error about `path`.
+    pub fn io(path: impl Into<PathBuf>, problem: impl ToString) -> Self {
+        Self::Io {
+            path: path.into(),
+            problem: problem.to_string(),
+        }
+    }
+
     pub(crate) fn checkpoint(path: impl Into<PathBuf>, problem: impl ToString) -> Self {
         Self::Checkpoint {
             path: path.into(),

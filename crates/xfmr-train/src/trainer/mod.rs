@@ -1,29 +1,34 @@
-//! The training loop of §5: token-count batches, the label-smoothed loss, burn's Adam
+//! The training loop of §5 for any [`Objective`]: token-count batches, burn's Adam
 //! (β = (0.9, 0.98), ε = 1e-9) driven by burn's Noam schedule, gradient accumulation with
-//! burn's [`GradientsAccumulator`], and checkpoints that resume exactly.
+//! burn's [`GradientsAccumulator`], data parallelism on burn's collective, checkpoints that
+//! resume exactly, and the whole run ([`Trainer::run`]: budget, validation and checkpoint
+//! cadence, the replicas' agreement checks, averaging, the final model) reported to an
+//! [`Observer`].
 //!
 //! **Exact resume.** A run's randomness is the batch order of each epoch (a seeded shuffle,
-//! [`shuffled`]) and dropout (the backend's generator, reseeded from `(seed, step)` before every
-//! step). A checkpoint stores the model, Adam's moments, the schedule's step and the data position
-//! (epoch, batch), so a resumed run computes the same steps an uninterrupted one would: the same
-//! batches, the same dropout masks, the same learning rates. Its losses agree with an
-//! uninterrupted run's to rounding (≤ 1e-4 in the tests; not bit for bit, because burn's backward
-//! pass sums a shared parameter's gradient contributions in an order that varies between runs).
+//! [`shuffled`]), dropout (the backend's generator, reseeded from `(seed, step)` before every
+//! step) and the objective's draws (seeded from `(seed, step, example)`). A checkpoint stores the
+//! model, Adam's moments, the schedule's step and the data position (epoch, batch), so a resumed
+//! run computes the same steps an uninterrupted one would: the same batches, the same dropout
+//! masks, the same learning rates. Its losses agree with an uninterrupted run's to rounding
+//! (≤ 1e-4 in the tests; not bit for bit, because burn's backward pass sums a shared parameter's
+//! gradient contributions in an order that varies between runs).
 //!
 //! **Checkpoint layout.** `<run>/checkpoints/step-00000400/` holds `config.json` and `model.mpk`
 //! (as [`xfmr_models::checkpoint`] writes them), `optimizer.mpk` (burn's record of Adam's
-//! moments), `trainer.json` (the [`TrainConfig`] and the [`Progress`]) and `manifest.json` (the
-//! size and FNV-1a hash of each file). A checkpoint is written into a `*.partial` directory and
-//! renamed when complete, and checked against its manifest before anything is decoded, so a
-//! killed writer, a truncated copy or a flipped byte is a [`TrainError::Checkpoint`] naming the
-//! file, never a half-loaded model.
+//! moments), `trainer.json` (the objective, the [`TrainConfig`] and the [`Progress`]) and
+//! `manifest.json` (the size and FNV-1a hash of each file). A checkpoint is written into a
+//! `*.partial` directory and renamed when complete, and checked against its manifest before
+//! anything is decoded, so a killed writer, a truncated copy or a flipped byte is a
+//! [`TrainError::Checkpoint`] naming the file, never a half-loaded model.
 //!
 //! The module's files: `config.rs` ([`TrainConfig`]), `error.rs` ([`TrainError`]), `batch.rs`
-//! ([`Example`], [`Batch`], the validation loss), and checkpoints on disk (listing, atomic writing,
-//! verification, loading and averaging of checkpoints: `store.rs`); the loop itself is here.
+//! (batches, draws, the validation loss), `store.rs` (checkpoints on disk: listing, atomic
+//! writing, verification, loading and averaging), `run.rs` (the run and its observer),
+//! `log.rs` (the metrics log); the step itself is here.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::lr_scheduler::noam::NoamLrScheduler;
 use burn::lr_scheduler::LrScheduler;
@@ -34,26 +39,31 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{ElementConversion, Tensor};
 use serde::{Deserialize, Serialize};
-use xfmr_models::{checkpoint, Transformer, TransformerConfig};
+use xfmr_models::checkpoint::{self, ModelConfig};
 
 use crate::data::{shuffled, SplitMix64};
 use crate::distributed::{param_order, DataParallel};
 use crate::loss::noam_schedule;
+use crate::objective::{ModelOf, Objective, Translation};
 
 mod batch;
 mod config;
 mod error;
+mod log;
+mod run;
 mod store;
 
-use batch::{batch_loss, batches_of};
-pub use batch::{evaluate_loss, Batch, EvalLoss, Example};
+use batch::{batches_of, draw};
+pub use batch::{evaluate_loss, EvalLoss};
 pub use config::TrainConfig;
 pub use error::TrainError;
+pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog};
+pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{
     average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
-    save_model, CHECKPOINTS_DIR,
+    save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
 };
-use store::{publish, read_json, verify_manifest, OPTIMIZER_FILE, TRAINER_FILE};
+use store::{read_json, verify_manifest, OPTIMIZER_FILE, TRAINER_FILE};
 
 /// Where a run stands: optimiser steps taken and the next micro-batch to read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,35 +83,42 @@ pub struct StepReport {
     pub step: usize,
     /// The epoch its last micro-batch came from.
     pub epoch: u64,
-    /// Label-smoothed loss, averaged over the step's target tokens.
+    /// Label-smoothed loss, averaged over the step's predicted tokens.
     pub loss: f64,
-    /// Negative log-likelihood per target token (its exponential is the perplexity).
+    /// Negative log-likelihood per predicted token (its exponential is the perplexity).
     pub nll: f64,
     /// The learning rate the step used.
     pub lr: f64,
-    /// Non-padding source tokens read.
-    pub src_tokens: usize,
-    /// Non-padding target tokens read.
-    pub tgt_tokens: usize,
+    /// Non-padding input tokens read (the source side for translation).
+    pub input_tokens: usize,
+    /// Tokens predicted (the target side for translation).
+    pub target_tokens: usize,
 }
 
 /// What a checkpoint stores beside the model and the optimiser.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct TrainerState {
+#[serde(bound = "O: Objective")]
+struct TrainerState<O> {
+    objective: O,
     config: TrainConfig,
     progress: Progress,
 }
 
-type AdamOf<B> = OptimizerAdaptor<Adam, Transformer<B>, B>;
-type AdamRecord<B> = <AdamOf<B> as Optimizer<Transformer<B>, B>>::Record;
+type AdamOf<B, M> = OptimizerAdaptor<Adam, M, B>;
+type AdamRecord<B, M> = <AdamOf<B, M> as Optimizer<M, B>>::Record;
 
-/// Trains a [`Transformer`] on [`Example`]s (see the module docs).
-pub struct Trainer<B: AutodiffBackend> {
+/// Trains the model of an [`Objective`] on its examples (see the module docs). `O` defaults to
+/// the paper's [`Translation`].
+pub struct Trainer<B: AutodiffBackend, O: Objective = Translation>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
+    objective: O,
     config: TrainConfig,
-    model: Option<Transformer<B>>,
-    optim: AdamOf<B>,
+    model: Option<ModelOf<O, B>>,
+    optim: AdamOf<B, ModelOf<O, B>>,
     schedule: NoamLrScheduler,
-    examples: Vec<Example>,
+    examples: Vec<O::Example>,
     batches: Vec<Vec<usize>>,
     order: (u64, Vec<usize>),
     progress: Progress,
@@ -109,9 +126,13 @@ pub struct Trainer<B: AutodiffBackend> {
     data_parallel: Option<DataParallel<B::InnerBackend>>,
 }
 
-impl<B: AutodiffBackend> std::fmt::Debug for Trainer<B> {
+impl<B: AutodiffBackend, O: Objective> std::fmt::Debug for Trainer<B, O>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Trainer")
+            .field("objective", &self.objective)
             .field("progress", &self.progress)
             .field("examples", &self.examples.len())
             .field("batches", &self.batches.len())
@@ -119,89 +140,119 @@ impl<B: AutodiffBackend> std::fmt::Debug for Trainer<B> {
     }
 }
 
-impl<B: AutodiffBackend> Trainer<B> {
-    /// A fresh run: the model initialised from the configuration after seeding the backend with
-    /// `config.seed`.
+impl<B: AutodiffBackend, O: Objective> Trainer<B, O>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
+    /// A fresh run: the model initialised from the objective's configuration after seeding the
+    /// backend with `config.seed`.
     ///
     /// # Errors
-    /// An invalid configuration, no examples, an id outside the vocabulary.
+    /// An invalid objective or configuration, no examples, an invalid example (an id outside
+    /// the vocabulary).
     pub fn new(
+        objective: O,
         config: TrainConfig,
-        examples: Vec<Example>,
+        examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         config.check()?;
+        objective.check()?;
         B::seed(device, config.seed);
-        let model = config.model.init::<B>(device)?;
+        let model = objective.model().init_model::<B>(device)?;
         initialize_now(&model);
-        let optim = Self::adam(&config);
-        Self::assemble(config, model, optim, Progress::default(), examples, device)
+        let optim = adam(&config);
+        Self::assemble(
+            objective,
+            config,
+            model,
+            optim,
+            Progress::default(),
+            examples,
+            device,
+        )
     }
 
     /// Resumes the run saved in checkpoint directory `dir` (see [`latest_checkpoint`]) on the
-    /// same examples.
+    /// same examples, with the objective and configuration saved there.
     ///
     /// # Errors
-    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, naming the
-    /// file.
+    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, or one of
+    /// another objective, naming the file.
     pub fn resume(
         dir: &Path,
-        examples: Vec<Example>,
+        examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         verify_manifest(dir)?;
-        let state: TrainerState = read_json(&dir.join(TRAINER_FILE))?;
+        let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
         state.config.check()?;
+        state.objective.check()?;
         let model =
-            checkpoint::load_expecting::<B, TransformerConfig>(dir, &state.config.model, device)?;
+            checkpoint::load_expecting::<B, O::Config>(dir, state.objective.model(), device)?;
         let path = dir.join(OPTIMIZER_FILE);
         let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
-        let record: AdamRecord<B> = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
-            .load(bytes, device)
-            .map_err(|e| TrainError::checkpoint(&path, e))?;
-        let optim = Self::adam(&state.config).load_record(record);
-        Self::assemble(state.config, model, optim, state.progress, examples, device)
+        let record: AdamRecord<B, ModelOf<O, B>> =
+            NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
+                .load(bytes, device)
+                .map_err(|e| TrainError::checkpoint(&path, e))?;
+        let optim = adam(&state.config).load_record(record);
+        let (objective, config, progress) = (state.objective, state.config, state.progress);
+        Self::assemble(objective, config, model, optim, progress, examples, device)
     }
 
-    fn adam(config: &TrainConfig) -> AdamOf<B> {
-        AdamConfig::new()
-            .with_beta_1(config.beta_1)
-            .with_beta_2(config.beta_2)
-            .with_epsilon(config.epsilon)
-            .init()
+    /// The run in directory `run_dir`: resumed from its newest checkpoint if it has one (the
+    /// recipe saved there, the run options of `config`, see [`TrainConfig`]), else a fresh run
+    /// of `objective` and `config`.
+    ///
+    /// # Errors
+    /// As [`Trainer::new`] and [`Trainer::resume`].
+    pub fn open(
+        run_dir: &Path,
+        objective: O,
+        config: TrainConfig,
+        examples: Vec<O::Example>,
+        device: &B::Device,
+    ) -> Result<Self, TrainError> {
+        match latest_checkpoint(run_dir)? {
+            Some(dir) => {
+                let mut trainer = Self::resume(&dir, examples, device)?;
+                trainer.config = trainer.config.clone().with_run_options_of(&config);
+                trainer.config.check()?;
+                Ok(trainer)
+            }
+            None => Self::new(objective, config, examples, device),
+        }
     }
 
     fn assemble(
+        objective: O,
         config: TrainConfig,
-        model: Transformer<B>,
-        optim: AdamOf<B>,
+        model: ModelOf<O, B>,
+        optim: AdamOf<B, ModelOf<O, B>>,
         progress: Progress,
-        examples: Vec<Example>,
+        examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         if examples.is_empty() {
             return Err(TrainError::InvalidConfig {
                 field: "examples",
                 value: "0".into(),
-                expected: "at least one training pair",
+                expected: "at least one training example",
             });
         }
-        let vocab = config.model.src_vocab_size.min(config.model.tgt_vocab_size);
-        if let Some((row, id)) = examples.iter().enumerate().find_map(|(i, e)| {
-            e.src
-                .iter()
-                .chain(&e.tgt)
-                .find(|&&t| t as usize >= vocab)
-                .map(|&t| (i, t))
-        }) {
-            return Err(TrainError::InvalidConfig {
-                field: "examples",
-                value: format!("id {id} in pair {row}"),
-                expected: "ids below the vocabulary size",
+        if let Some((row, problem)) = examples
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| objective.check_example(e).err().map(|p| (i, p)))
+        {
+            return Err(TrainError::InvalidExample {
+                index: row,
+                problem,
             });
         }
-        let batches = batches_of(&examples, config.max_tokens);
-        let schedule = noam_schedule(config.lr_factor, config.model.layer.d_model, config.warmup)
+        let batches = batches_of(&objective, &examples, config.max_tokens);
+        let schedule = noam_schedule(config.lr_factor, objective.d_model(), config.warmup)
             .map_err(|problem| TrainError::InvalidConfig {
                 field: "warmup",
                 value: format!("{} ({problem})", config.warmup),
@@ -213,6 +264,7 @@ impl<B: AutodiffBackend> Trainer<B> {
             shuffled(batches.len(), config.seed, progress.epoch),
         );
         Ok(Self {
+            objective,
             config,
             model: Some(model),
             optim,
@@ -226,36 +278,14 @@ impl<B: AutodiffBackend> Trainer<B> {
         })
     }
 
-    /// Trains data-parallel as one replica of `run` (see [`crate::distributed`]): every step
-    /// then reads this replica's share of each micro-batch and sums the gradients over the
-    /// replicas. All replicas must start from the same state (the same configuration and seed,
-    /// or the same checkpoint): this is checked here, against the others.
-    ///
-    /// # Errors
-    /// [`TrainError::Peer`] when the replicas start from different steps or do not answer.
-    pub fn with_data_parallel(
-        mut self,
-        run: DataParallel<B::InnerBackend>,
-    ) -> Result<Self, TrainError> {
-        run.agree(self.progress.step as u64, "the step to start from")?;
-        self.data_parallel = Some(run);
-        Ok(self)
+    /// The device the model trains on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
     }
 
-    /// The data-parallel run this trainer is a replica of, if any.
-    pub fn data_parallel(&self) -> Option<&DataParallel<B::InnerBackend>> {
-        self.data_parallel.as_ref()
-    }
-
-    /// Leaves the data-parallel run, if any (call it when training is done).
-    ///
-    /// # Errors
-    /// [`TrainError::Peer`] when the other replicas do not answer.
-    pub fn finish(&mut self) -> Result<(), TrainError> {
-        match self.data_parallel.take() {
-            Some(run) => run.finish(),
-            None => Ok(()),
-        }
+    /// The run's objective.
+    pub fn objective(&self) -> &O {
+        &self.objective
     }
 
     /// The run's configuration.
@@ -268,7 +298,7 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.progress
     }
 
-    /// Training pairs.
+    /// Training examples.
     pub fn num_examples(&self) -> usize {
         self.examples.len()
     }
@@ -278,12 +308,17 @@ impl<B: AutodiffBackend> Trainer<B> {
         self.batches.len()
     }
 
-    /// The model being trained (with dropout active; [`AutodiffModule::valid`] gives the
+    /// The model being trained (with dropout active; [`Trainer::inference_model`] gives the
     /// inference copy).
-    pub fn model(&self) -> &Transformer<B> {
+    pub fn model(&self) -> &ModelOf<O, B> {
         self.model
             .as_ref()
             .expect("the model is present between steps")
+    }
+
+    /// The inference copy of the model (no autodiff, dropout off).
+    pub fn inference_model(&self) -> ModelOf<O, B::InnerBackend> {
+        self.model().valid()
     }
 
     fn next_batch(&mut self) -> Vec<usize> {
@@ -300,19 +335,39 @@ impl<B: AutodiffBackend> Trainer<B> {
         batch
     }
 
-    /// One optimiser step over the next `accumulate` micro-batches.
+    /// One optimiser step over the next `accumulate` micro-batches. On an error the run stands
+    /// where it stood before the step.
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table; [`TrainError::Peer`] in a
+    /// data-parallel run.
     pub fn step(&mut self) -> Result<StepReport, TrainError> {
         let before = self.progress;
+        let result = self.try_step(before);
+        if result.is_err() {
+            self.progress = before;
+        }
+        result
+    }
+
+    fn try_step(&mut self, before: Progress) -> Result<StepReport, TrainError> {
         let picked: Vec<Vec<usize>> = (0..self.config.accumulate)
             .map(|_| self.next_batch())
             .collect();
+        let step = before.step as u64;
+        let draws = |indices: &[usize], seed: u64| -> Vec<u64> {
+            indices.iter().map(|&i| draw(seed, step, i)).collect()
+        };
         let total: usize = picked
             .iter()
-            .flatten()
-            .map(|&i| self.examples[i].tgt.len() + 1)
+            .map(|indices| {
+                let d = draws(indices, self.config.seed);
+                indices
+                    .iter()
+                    .zip(d)
+                    .map(|(&i, d)| self.objective.targets(&self.examples[i], d))
+                    .sum::<usize>()
+            })
             .sum();
         // Dropout draws from the backend's generator: reseeded per step, a resumed run draws
         // what an uninterrupted one would. Data-parallel replicas draw their own masks (replica
@@ -323,8 +378,8 @@ impl<B: AutodiffBackend> Trainer<B> {
             .map_or(0, |run| u64::from(run.replica()));
         let seed = self.config.seed ^ replica.wrapping_mul(0xD6E8_FEB8_6659_FD93);
         B::seed(&self.device, step_seed(seed, before.step));
-        let mut accumulator = GradientsAccumulator::<Transformer<B>>::new();
-        let (mut loss, mut nll, mut src_tokens) = (0.0, 0.0, 0);
+        let mut accumulator = GradientsAccumulator::<ModelOf<O, B>>::new();
+        let (mut loss, mut nll, mut input_tokens) = (0.0, 0.0, 0.0);
         for indices in &picked {
             // Data-parallel: this replica's rows. A replica left without rows still runs one row
             // at weight 0, so that every replica brings gradients (zeros) for every parameter.
@@ -336,40 +391,27 @@ impl<B: AutodiffBackend> Trainer<B> {
                 None => (indices.clone(), 1.0),
             };
             let model = self.model();
-            let (out, src) =
-                match batch_loss(model, &self.config, &self.examples, &rows, &self.device) {
-                    Ok(loss) => loss,
-                    Err(e) => {
-                        self.progress = before;
-                        return Err(e);
-                    }
-                };
-            src_tokens += (src as f64 * scale) as usize;
-            let weight = scale * out.tokens as f64 / total as f64;
-            let weighted = out.loss.mul_scalar(weight);
+            let batch: Vec<&O::Example> = rows.iter().map(|&i| &self.examples[i]).collect();
+            let out = self.objective.loss(
+                model,
+                &batch,
+                &draws(&rows, self.config.seed),
+                &self.device,
+            )?;
+            input_tokens += out.input_tokens as f64 * scale;
+            let weight = scale * out.loss.tokens as f64 / total.max(1) as f64;
+            let weighted = out.loss.loss.mul_scalar(weight);
             loss += weighted.clone().into_scalar().elem::<f64>();
-            nll += out.nll.into_scalar().elem::<f64>() * weight;
+            nll += out.loss.nll.into_scalar().elem::<f64>() * weight;
             let grads = GradientsParams::from_grads(weighted.backward(), model);
             accumulator.accumulate(model, grads);
         }
         let mut grads = accumulator.grads();
         if let Some(run) = &self.data_parallel {
-            let summed = run
-                .sum_gradients(grads, param_order(self.model()), before.step + 1)
-                .and_then(|g| {
-                    let what = format!("the loss of step {}", before.step + 1);
-                    Ok((g, run.sum(&[loss, nll, src_tokens as f64], &what)?))
-                });
-            match summed {
-                Ok((g, totals)) => {
-                    grads = g;
-                    (loss, nll, src_tokens) = (totals[0], totals[1], totals[2] as usize);
-                }
-                Err(e) => {
-                    self.progress = before;
-                    return Err(e);
-                }
-            }
+            grads = run.sum_gradients(grads, param_order(self.model()), before.step + 1)?;
+            let what = format!("the loss of step {}", before.step + 1);
+            let totals = run.sum(&[loss, nll, input_tokens], &what)?;
+            (loss, nll, input_tokens) = (totals[0], totals[1], totals[2]);
         }
         let lr = self.schedule.step();
         let model = self
@@ -384,54 +426,18 @@ impl<B: AutodiffBackend> Trainer<B> {
             loss,
             nll,
             lr,
-            src_tokens,
-            tgt_tokens: total,
+            input_tokens: input_tokens.round() as usize,
+            target_tokens: total,
         })
     }
+}
 
-    /// Writes a checkpoint of the current state into `<run_dir>/checkpoints/step-NNNNNNNN`
-    /// (atomically: a `.partial` directory renamed when complete), then removes checkpoints
-    /// beyond the newest `keep_checkpoints`. Returns the checkpoint's directory.
-    ///
-    /// # Errors
-    /// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be
-    /// written.
-    pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf, TrainError> {
-        let dir = run_dir
-            .join(CHECKPOINTS_DIR)
-            .join(format!("step-{:08}", self.progress.step));
-        let files = [
-            checkpoint::CONFIG_FILE,
-            checkpoint::WEIGHTS_FILE,
-            OPTIMIZER_FILE,
-            TRAINER_FILE,
-        ];
-        publish(&dir, &files, |partial| {
-            checkpoint::save::<B, TransformerConfig>(self.model(), &self.config.model, partial)?;
-            let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
-                .record(self.optim.to_record(), ())
-                .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
-            checkpoint::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
-            let state = TrainerState {
-                config: self.config.clone(),
-                progress: self.progress,
-            };
-            let json = serde_json::to_vec_pretty(&state)
-                .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
-            Ok(checkpoint::write_atomic(
-                &partial.join(TRAINER_FILE),
-                &json,
-            )?)
-        })?;
-        for old in checkpoints(run_dir)?
-            .iter()
-            .rev()
-            .skip(self.config.keep_checkpoints)
-        {
-            fs::remove_dir_all(&old.1).map_err(|e| TrainError::checkpoint(&old.1, e))?;
-        }
-        Ok(dir)
-    }
+fn adam<B: AutodiffBackend, M: AutodiffModule<B>>(config: &TrainConfig) -> AdamOf<B, M> {
+    AdamConfig::new()
+        .with_beta_1(config.beta_1)
+        .with_beta_2(config.beta_2)
+        .with_epsilon(config.epsilon)
+        .init()
 }
 
 fn step_seed(seed: u64, step: usize) -> u64 {
@@ -454,6 +460,11 @@ fn initialize_now<B: Backend, M: Module<B>>(module: &M) {
 }
 
 /// The inference copy of a trainer's model (no autodiff, dropout off).
-pub fn inference_model<B: AutodiffBackend>(trainer: &Trainer<B>) -> Transformer<B::InnerBackend> {
-    trainer.model().valid()
+pub fn inference_model<B: AutodiffBackend, O: Objective>(
+    trainer: &Trainer<B, O>,
+) -> ModelOf<O, B::InnerBackend>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
+    trainer.inference_model()
 }

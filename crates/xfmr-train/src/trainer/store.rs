@@ -9,13 +9,22 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 use serde::{Deserialize, Serialize};
-use xfmr_models::{checkpoint, Transformer, TransformerConfig};
+use xfmr_models::checkpoint::{self, ModelConfig};
 
-use super::TrainError;
+use burn::module::AutodiffModule;
+use burn::optim::Optimizer;
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::tensor::backend::AutodiffBackend;
+
+use super::{TrainError, Trainer, TrainerState};
 use crate::data::fnv1a;
+use crate::objective::{ModelOf, Objective};
 
 /// Name of the checkpoint directory inside a run directory.
 pub const CHECKPOINTS_DIR: &str = "checkpoints";
+/// Name of the final model's directory inside a run directory (the average of the last
+/// checkpoints, written by [`Trainer::run`](crate::Trainer::run)).
+pub const FINAL_MODEL_DIR: &str = "model";
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.mpk";
 pub(crate) const TRAINER_FILE: &str = "trainer.json";
 const MANIFEST_FILE: &str = "manifest.json";
@@ -55,16 +64,17 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> 
     Ok(checkpoints(run_dir)?.pop().map(|(_, dir)| dir))
 }
 
-/// Loads a checkpoint's model (for translation or evaluation) after checking its manifest.
+/// Loads a checkpoint's model of configuration type `C` (for inference or evaluation) after
+/// checking its manifest.
 ///
 /// # Errors
 /// [`TrainError::Checkpoint`] naming the file that is missing or corrupt.
-pub fn load_model<B: Backend>(
+pub fn load_model<B: Backend, C: ModelConfig>(
     dir: &Path,
     device: &B::Device,
-) -> Result<(TransformerConfig, Transformer<B>), TrainError> {
+) -> Result<(C, C::Model<B>), TrainError> {
     verify_manifest(dir)?;
-    Ok(checkpoint::load::<B, TransformerConfig>(dir, device)?)
+    Ok(checkpoint::load::<B, C>(dir, device)?)
 }
 
 /// Saves a model for translation (no optimiser state) the way checkpoints are saved: into
@@ -73,16 +83,14 @@ pub fn load_model<B: Backend>(
 ///
 /// # Errors
 /// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be written.
-pub fn save_model<B: Backend>(
-    model: &Transformer<B>,
-    config: &TransformerConfig,
+pub fn save_model<B: Backend, C: ModelConfig>(
+    model: &C::Model<B>,
+    config: &C,
     dir: &Path,
 ) -> Result<(), TrainError> {
     let files = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE];
     publish(dir, &files, |partial| {
-        Ok(checkpoint::save::<B, TransformerConfig>(
-            model, config, partial,
-        )?)
+        Ok(checkpoint::save::<B, C>(model, config, partial)?)
     })
 }
 
@@ -111,20 +119,20 @@ pub(crate) fn publish(
 ///
 /// # Errors
 /// No directory given, a corrupt checkpoint, or differing configurations.
-pub fn average_checkpoints<B: Backend>(
+pub fn average_checkpoints<B: Backend, C: ModelConfig>(
     dirs: &[PathBuf],
     device: &B::Device,
-) -> Result<(TransformerConfig, Transformer<B>), TrainError> {
+) -> Result<(C, C::Model<B>), TrainError> {
     let (first, rest) = dirs.split_first().ok_or(TrainError::InvalidConfig {
         field: "checkpoints",
         value: "none".into(),
         expected: "at least one checkpoint to average",
     })?;
-    let (config, model) = load_model::<B>(first, device)?;
+    let (config, model) = load_model::<B, C>(first, device)?;
     let mut sums = collect_params(&model);
     for dir in rest {
         verify_manifest(dir)?;
-        let other = checkpoint::load_expecting::<B, TransformerConfig>(dir, &config, device)?;
+        let other = checkpoint::load_expecting::<B, C>(dir, &config, device)?;
         for (sum, p) in sums.iter_mut().zip(collect_params(&other)) {
             *sum = sum.clone() + p;
         }
@@ -140,7 +148,7 @@ pub fn average_checkpoints<B: Backend>(
 /// A fingerprint of a model's parameter values: FNV-1a over their f32 bytes in the module's
 /// visiting order. Equal fingerprints mean bit-identical replicas (data-parallel ranks check
 /// theirs against each other at every checkpoint).
-pub fn parameter_fingerprint<B: Backend>(model: &Transformer<B>) -> u64 {
+pub fn parameter_fingerprint<B: Backend, M: Module<B>>(model: &M) -> u64 {
     let bytes: Vec<u8> = collect_params(model)
         .into_iter()
         .flat_map(|t| {
@@ -155,7 +163,7 @@ pub fn parameter_fingerprint<B: Backend>(model: &Transformer<B>) -> u64 {
     fnv1a(&bytes)
 }
 
-fn collect_params<B: Backend>(model: &Transformer<B>) -> Vec<Tensor<B, 1>> {
+fn collect_params<B: Backend, M: Module<B>>(model: &M) -> Vec<Tensor<B, 1>> {
     struct Collect<B: Backend>(Vec<Tensor<B, 1>>);
     impl<B: Backend> ModuleVisitor<B> for Collect<B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -247,4 +255,54 @@ pub(crate) fn verify_manifest(dir: &Path) -> Result<(), TrainError> {
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
     let text = fs::read_to_string(path).map_err(|e| TrainError::checkpoint(path, e))?;
     serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))
+}
+
+impl<B: AutodiffBackend, O: Objective> Trainer<B, O>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
+    /// Writes a checkpoint of the current state into `<run_dir>/checkpoints/step-NNNNNNNN`
+    /// (atomically: a `.partial` directory renamed when complete), then removes checkpoints
+    /// beyond the newest `keep_checkpoints`. Returns the checkpoint's directory.
+    ///
+    /// # Errors
+    /// [`TrainError::Checkpoint`] or [`TrainError::Model`] naming the file that could not be
+    /// written.
+    pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf, TrainError> {
+        let dir = run_dir
+            .join(CHECKPOINTS_DIR)
+            .join(format!("step-{:08}", self.progress.step));
+        let files = [
+            checkpoint::CONFIG_FILE,
+            checkpoint::WEIGHTS_FILE,
+            OPTIMIZER_FILE,
+            TRAINER_FILE,
+        ];
+        publish(&dir, &files, |partial| {
+            checkpoint::save::<B, O::Config>(self.model(), self.objective.model(), partial)?;
+            let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
+                .record(self.optim.to_record(), ())
+                .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
+            checkpoint::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
+            let state = TrainerState {
+                objective: self.objective.clone(),
+                config: self.config.clone(),
+                progress: self.progress,
+            };
+            let json = serde_json::to_vec_pretty(&state)
+                .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
+            Ok(checkpoint::write_atomic(
+                &partial.join(TRAINER_FILE),
+                &json,
+            )?)
+        })?;
+        for old in checkpoints(run_dir)?
+            .iter()
+            .rev()
+            .skip(self.config.keep_checkpoints)
+        {
+            fs::remove_dir_all(&old.1).map_err(|e| TrainError::checkpoint(&old.1, e))?;
+        }
+        Ok(dir)
+    }
 }

@@ -48,6 +48,8 @@ fn invalid_configurations_name_the_option() {
 /// they do not.
 #[test]
 fn two_replicas_sum_and_notice_disagreement() {
+    // burn's collective is one per process: no other test's replicas may register meanwhile.
+    let _guard = crate::trainer::lock();
     let replicas: Vec<_> = (0..2u32)
         .map(|d| {
             thread::spawn(move || {

@@ -3,6 +3,7 @@
 
 mod data;
 mod distributed;
+mod families;
 mod metrics;
 mod objective;
 mod tokenizer;

@@ -12,14 +12,14 @@ use xfmr_train::data::SplitMix64;
 use xfmr_train::trainer::{
     average_checkpoints, checkpoints, evaluate_loss, inference_model, latest_checkpoint, load_model,
 };
-use xfmr_train::{Example, TrainConfig, TrainError, Trainer};
+use xfmr_train::{Example, TrainConfig, TrainError, Trainer, Translation};
 
 type Train = Autodiff<NdArray<f32>>;
 type Infer = NdArray<f32>;
 
 /// Dropout draws from the backend's one global generator, which the trainer reseeds each step:
 /// tests that train hold this lock so that no other test draws in between.
-static BACKEND_RNG: Mutex<()> = Mutex::new(());
+pub(crate) static BACKEND_RNG: Mutex<()> = Mutex::new(());
 
 const VOCAB: usize = 24;
 
@@ -47,14 +47,19 @@ fn task(n: usize, seed: u64, reverse: bool) -> Vec<Example> {
         .collect()
 }
 
-fn config() -> TrainConfig {
+fn objective() -> Translation {
     // Dropout stays on (0.1): resuming must reproduce its draws too.
-    TrainConfig::new(TransformerConfig::tiny(VOCAB))
+    Translation::new(TransformerConfig::tiny(VOCAB))
+}
+
+fn config() -> TrainConfig {
+    TrainConfig::new()
         .with_max_tokens(64)
         .with_accumulate(2)
         .with_warmup(4)
         .with_checkpoint_every(3)
         .with_keep_checkpoints(3)
+        .with_average(3)
 }
 
 fn losses(trainer: &mut Trainer<Train>, steps: usize) -> Vec<(f64, f64)> {
@@ -66,7 +71,7 @@ fn losses(trainer: &mut Trainer<Train>, steps: usize) -> Vec<(f64, f64)> {
         .collect()
 }
 
-fn lock() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn lock() -> std::sync::MutexGuard<'static, ()> {
     BACKEND_RNG.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -79,11 +84,11 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
 /// tolerance, 1e-4 on each loss and weight, is checked to be far below what a run that does
 /// not restore the same state (another dropout seed) differs by.
 #[test]
-fn resume_continues_exactly_as_an_uninterrupted_run() {
+fn objective_translation_resume_continues_exactly_as_an_uninterrupted_run() {
     let _guard = lock();
     let device = Default::default();
     let data = examples(40, 1);
-    let mut straight = Trainer::<Train>::new(config(), data.clone(), &device).unwrap();
+    let mut straight = Trainer::<Train>::new(objective(), config(), data.clone(), &device).unwrap();
     assert!(
         straight.batches_per_epoch() >= 3,
         "several batches per epoch"
@@ -91,7 +96,7 @@ fn resume_continues_exactly_as_an_uninterrupted_run() {
     let expected = losses(&mut straight, 8);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut first = Trainer::<Train>::new(config(), data.clone(), &device).unwrap();
+    let mut first = Trainer::<Train>::new(objective(), config(), data.clone(), &device).unwrap();
     let head = losses(&mut first, 3);
     assert!(
         max_diff(&head, &expected[..3]) <= 1e-4,
@@ -116,7 +121,9 @@ fn resume_continues_exactly_as_an_uninterrupted_run() {
     // and Adam with ε = 1e-9 turns the ~1e-9 rounding noise of that zero into learning-rate-sized
     // steps that differ between any two runs without changing any output.)
     let valid = examples(20, 77);
-    let eval = |t: &Trainer<Train>| evaluate_loss(&inference_model(t), &config(), &valid).unwrap();
+    let eval = |t: &Trainer<Train>| {
+        evaluate_loss(&objective(), &inference_model(t), &config(), &valid).unwrap()
+    };
     let (a, b) = (eval(&resumed), eval(&straight));
     assert!(
         (a.loss - b.loss).abs() <= TOL,
@@ -125,7 +132,7 @@ fn resume_continues_exactly_as_an_uninterrupted_run() {
 
     // Control: the same run with dropout drawn from another seed is far outside the tolerance.
     let other = config().with_seed(config().seed + 1);
-    let mut control_trainer = Trainer::<Train>::new(other, data, &device).unwrap();
+    let mut control_trainer = Trainer::<Train>::new(objective(), other, data, &device).unwrap();
     let control = losses(&mut control_trainer, 8);
     let apart = max_diff(&control[3..], &expected[3..]);
     assert!(apart > 100.0 * TOL, "another seed differs by only {apart}");
@@ -149,7 +156,7 @@ fn max_diff(a: &[(f64, f64)], b: &[(f64, f64)]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn params<B: burn::tensor::backend::Backend>(model: &impl Module<B>) -> Vec<Vec<f32>> {
+pub(crate) fn params<B: burn::tensor::backend::Backend>(model: &impl Module<B>) -> Vec<Vec<f32>> {
     struct Collect(Vec<Vec<f32>>);
     impl<B: burn::tensor::backend::Backend> ModuleVisitor<B> for Collect {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -174,6 +181,7 @@ fn initial_weights_depend_on_the_seed_alone() {
     // drawn) the weights are still the initial ones, up to steps of ~1e-20 on zero biases.
     let weights_after_one_step = |config: TrainConfig, data_seed: u64| {
         let mut trainer = Trainer::<Train>::new(
+            objective(),
             config.with_lr_factor(1e-20),
             examples(40, data_seed),
             &device,
@@ -204,7 +212,7 @@ fn initial_weights_depend_on_the_seed_alone() {
 
 /// Training lowers the validation loss of a copy task well below the uniform guess.
 #[test]
-fn training_learns_a_copy_task() {
+fn objective_translation_learns_a_copy_task() {
     let _guard = lock();
     let device = Default::default();
     // A peak learning rate of ≈ 7e-3 (factor 0.3 · 64^-0.5 · 30^-0.5); factor 1 is too high for
@@ -213,15 +221,21 @@ fn training_learns_a_copy_task() {
         .with_accumulate(1)
         .with_max_tokens(256)
         .with_warmup(30)
-        .with_lr_factor(0.3)
-        .with_label_smoothing(0.0);
+        .with_lr_factor(0.3);
+    let objective = objective().with_label_smoothing(0.0);
     let valid = task(30, 99, false);
-    let mut trainer = Trainer::<Train>::new(config.clone(), task(400, 2, false), &device).unwrap();
-    let before = evaluate_loss(&inference_model(&trainer), &config, &valid).unwrap();
+    let mut trainer = Trainer::<Train>::new(
+        objective.clone(),
+        config.clone(),
+        task(400, 2, false),
+        &device,
+    )
+    .unwrap();
+    let before = evaluate_loss(&objective, &inference_model(&trainer), &config, &valid).unwrap();
     for _ in 0..150 {
         trainer.step().unwrap();
     }
-    let after = evaluate_loss(&inference_model(&trainer), &config, &valid).unwrap();
+    let after = evaluate_loss(&objective, &inference_model(&trainer), &config, &valid).unwrap();
     let uniform = ((VOCAB - 1) as f64).ln();
     assert!(
         (before.nll - uniform).abs() < 1.0,
@@ -236,7 +250,8 @@ fn training_learns_a_copy_task() {
 
 fn saved_run(dir: &Path) -> std::path::PathBuf {
     let device = Default::default();
-    let mut trainer = Trainer::<Train>::new(config(), examples(20, 3), &device).unwrap();
+    let mut trainer =
+        Trainer::<Train>::new(objective(), config(), examples(20, 3), &device).unwrap();
     trainer.step().unwrap();
     trainer.save_checkpoint(dir).unwrap()
 }
@@ -280,7 +295,7 @@ fn corrupt_checkpoints_are_refused_naming_the_file() {
                 Trainer::<Train>::resume(&copy, examples(20, 3), &device),
                 file,
             );
-            expect_checkpoint_error(load_model::<Infer>(&copy, &device), file);
+            expect_checkpoint_error(load_model::<Infer, TransformerConfig>(&copy, &device), file);
             assert_eq!(fs::read(copy.join(file)).unwrap(), bytes, "left untouched");
         }
     }
@@ -294,9 +309,12 @@ fn corrupt_checkpoints_are_refused_naming_the_file() {
         );
     }
     let nowhere = dir.path().join("no-such-checkpoint");
-    expect_checkpoint_error(load_model::<Infer>(&nowhere, &device), "no-such-checkpoint");
+    expect_checkpoint_error(
+        load_model::<Infer, TransformerConfig>(&nowhere, &device),
+        "no-such-checkpoint",
+    );
     // The original still loads.
-    load_model::<Infer>(&good, &device).unwrap();
+    load_model::<Infer, TransformerConfig>(&good, &device).unwrap();
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -314,7 +332,8 @@ fn old_checkpoints_are_pruned_and_partial_ones_ignored() {
     let _guard = lock();
     let device = Default::default();
     let dir = tempfile::tempdir().unwrap();
-    let mut trainer = Trainer::<Train>::new(config(), examples(20, 4), &device).unwrap();
+    let mut trainer =
+        Trainer::<Train>::new(objective(), config(), examples(20, 4), &device).unwrap();
     for _ in 0..5 {
         trainer.step().unwrap();
         trainer.save_checkpoint(dir.path()).unwrap();
@@ -338,7 +357,8 @@ fn averaging_takes_the_mean_of_every_parameter() {
     let _guard = lock();
     let device = Default::default();
     let dir = tempfile::tempdir().unwrap();
-    let mut trainer = Trainer::<Train>::new(config(), examples(20, 5), &device).unwrap();
+    let mut trainer =
+        Trainer::<Train>::new(objective(), config(), examples(20, 5), &device).unwrap();
     let mut dirs = Vec::new();
     for _ in 0..3 {
         trainer.step().unwrap();
@@ -346,9 +366,15 @@ fn averaging_takes_the_mean_of_every_parameter() {
     }
     let each: Vec<Vec<Vec<f32>>> = dirs
         .iter()
-        .map(|d| params(&load_model::<Infer>(d, &device).unwrap().1))
+        .map(|d| {
+            params(
+                &load_model::<Infer, TransformerConfig>(d, &device)
+                    .unwrap()
+                    .1,
+            )
+        })
         .collect();
-    let (_, averaged) = average_checkpoints::<Infer>(&dirs, &device).unwrap();
+    let (_, averaged) = average_checkpoints::<Infer, TransformerConfig>(&dirs, &device).unwrap();
     let averaged = params(&averaged);
     assert_eq!(averaged.len(), each[0].len());
     let mut worst = 0.0f32;
@@ -370,8 +396,13 @@ fn averaging_takes_the_mean_of_every_parameter() {
 fn invalid_training_input_is_refused() {
     let _guard = lock();
     let device = Default::default();
-    let err =
-        Trainer::<Train>::new(config().with_accumulate(0), examples(4, 6), &device).unwrap_err();
+    let err = Trainer::<Train>::new(
+        objective(),
+        config().with_accumulate(0),
+        examples(4, 6),
+        &device,
+    )
+    .unwrap_err();
     assert!(
         matches!(
             err,
@@ -382,7 +413,7 @@ fn invalid_training_input_is_refused() {
         ),
         "{err}"
     );
-    let err = Trainer::<Train>::new(config(), Vec::new(), &device).unwrap_err();
+    let err = Trainer::<Train>::new(objective(), config(), Vec::new(), &device).unwrap_err();
     assert!(
         matches!(
             err,
@@ -397,6 +428,6 @@ fn invalid_training_input_is_refused() {
         src: vec![5, VOCAB as u32],
         tgt: vec![5],
     }];
-    let err = Trainer::<Train>::new(config(), bad, &device).unwrap_err();
+    let err = Trainer::<Train>::new(objective(), config(), bad, &device).unwrap_err();
     assert!(err.to_string().contains(&format!("id {VOCAB}")), "{err}");
 }

@@ -1,0 +1,91 @@
+//! Causal language modelling (GPT): every token predicted from the ones before it.
+
+use burn::config::Config;
+use burn::tensor::backend::Backend;
+use xfmr_models::DecoderOnlyConfig;
+
+use super::{check_ids, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective};
+use crate::loss::label_smoothed_loss;
+use crate::TrainError;
+
+/// Next-token prediction on token sequences (one sentence, or a window of a text, per example):
+/// the model reads the start token followed by the sequence and predicts the sequence followed by
+/// the end token, so that generation can start from the start token alone or from a prompt after
+/// it, and learns where a sequence ends.
+#[derive(Config, Debug)]
+pub struct CausalLm {
+    /// The model.
+    pub model: DecoderOnlyConfig,
+    /// Label smoothing ε (GPT: none).
+    #[config(default = 0.0)]
+    pub label_smoothing: f64,
+    /// Start-of-sequence id (the first input).
+    #[config(default = 1)]
+    pub bos_id: usize,
+    /// End-of-sequence id (the last prediction).
+    #[config(default = 2)]
+    pub eos_id: usize,
+}
+
+impl Objective for CausalLm {
+    type Config = DecoderOnlyConfig;
+    type Example = Vec<u32>;
+
+    fn model(&self) -> &DecoderOnlyConfig {
+        &self.model
+    }
+
+    fn d_model(&self) -> usize {
+        self.model.layer.d_model
+    }
+
+    fn check(&self) -> Result<(), TrainError> {
+        check_smoothing(self.label_smoothing)?;
+        let vocab = self.model.vocab_size;
+        check_special("bos_id", self.bos_id, vocab)?;
+        check_special("eos_id", self.eos_id, vocab)?;
+        check_special("model.pad_id", self.model.pad_id, vocab)
+    }
+
+    fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
+        check_ids(example, self.model.vocab_size)
+    }
+
+    fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {
+        (example.len() + 1, example.len() + 1)
+    }
+
+    fn targets(&self, example: &Vec<u32>, _draw: u64) -> usize {
+        example.len() + 1
+    }
+
+    fn loss<B: Backend>(
+        &self,
+        model: &ModelOf<Self, B>,
+        batch: &[&Vec<u32>],
+        _draws: &[u64],
+        device: &B::Device,
+    ) -> Result<BatchLoss<B>, TrainError> {
+        let ids = |e: &Vec<u32>| e.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
+        let inputs: Vec<Vec<i64>> = batch
+            .iter()
+            .map(|e| [vec![self.bos_id as i64], ids(e)].concat())
+            .collect();
+        let outputs: Vec<Vec<i64>> = batch
+            .iter()
+            .map(|e| [ids(e), vec![self.eos_id as i64]].concat())
+            .collect();
+        let pad = self.model.pad_id;
+        let logits = model.forward(padded(&inputs, pad, device))?;
+        let loss = label_smoothed_loss(
+            logits,
+            padded(&outputs, pad, device),
+            pad,
+            self.label_smoothing,
+        );
+        Ok(BatchLoss {
+            loss,
+            input_tokens: inputs.iter().map(Vec::len).sum(),
+        })
+    }
+}

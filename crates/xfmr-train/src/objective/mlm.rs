@@ -1,0 +1,189 @@
+//! Masked language modelling (BERT, Devlin et al. 2019, §3.1): 15% of the tokens are chosen;
+//! of those, 80% are replaced by the mask token, 10% by a random token and 10% kept; the model
+//! predicts the chosen tokens from the whole (bidirectional) sequence.
+
+use burn::config::Config;
+use burn::tensor::backend::Backend;
+use xfmr_models::EncoderOnlyConfig;
+
+use super::{check_ids, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective};
+use crate::data::SplitMix64;
+use crate::loss::label_smoothed_loss;
+use crate::TrainError;
+
+/// The masked-language-model objective on token sequences. The model reads the start token
+/// (BERT's `[CLS]`), the sequence with some tokens masked, and the end token (`[SEP]`), and
+/// predicts the original tokens at the chosen positions; the start and end tokens are never
+/// chosen.
+///
+/// Departure from BERT: a sequence in which no position was chosen gets one chosen position
+/// (drawn uniformly), so every example contributes to the loss and a step never predicts zero
+/// tokens. BERT's next-sentence prediction is left out (as in RoBERTa).
+#[derive(Config, Debug)]
+pub struct MaskedLm {
+    /// The model (its `mlm_head` must be on).
+    pub model: EncoderOnlyConfig,
+    /// The mask token's id (BERT's `[MASK]`).
+    pub mask_id: usize,
+    /// Share of the positions chosen (BERT: 0.15).
+    #[config(default = 0.15)]
+    pub mask_prob: f64,
+    /// Of the chosen positions, the share replaced by the mask token (BERT: 0.8).
+    #[config(default = 0.8)]
+    pub replace_prob: f64,
+    /// Of the chosen positions, the share replaced by a random token (BERT: 0.1); the rest
+    /// keep their token.
+    #[config(default = 0.1)]
+    pub random_prob: f64,
+    /// Random replacements are drawn from ids `first_regular_id..vocab` (not the special
+    /// tokens below it, nor the mask token).
+    #[config(default = 4)]
+    pub first_regular_id: usize,
+    /// Start-of-sequence id (`[CLS]`).
+    #[config(default = 1)]
+    pub bos_id: usize,
+    /// End-of-sequence id (`[SEP]`).
+    #[config(default = 2)]
+    pub eos_id: usize,
+    /// Label smoothing ε (BERT: none).
+    #[config(default = 0.0)]
+    pub label_smoothing: f64,
+}
+
+/// One example after masking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Masking {
+    /// The input ids with the chosen positions replaced (the start and end tokens not
+    /// included).
+    pub input: Vec<u32>,
+    /// The chosen positions (indices into the sequence), ascending.
+    pub chosen: Vec<usize>,
+}
+
+/// BERT's masking of `tokens` with `draw` (see [`MaskedLm`]); the same draw always gives the
+/// same masking.
+pub fn mask_tokens(objective: &MaskedLm, tokens: &[u32], draw: u64) -> Masking {
+    let mut rng = SplitMix64(draw);
+    let mut uniform = move || (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
+    let mut chosen: Vec<usize> = (0..tokens.len())
+        .filter(|_| uniform() < objective.mask_prob)
+        .collect();
+    if chosen.is_empty() && !tokens.is_empty() {
+        chosen.push(((uniform() * tokens.len() as f64) as usize).min(tokens.len() - 1));
+    }
+    let mut input = tokens.to_vec();
+    let regular = objective
+        .model
+        .vocab_size
+        .saturating_sub(objective.first_regular_id);
+    for &i in &chosen {
+        let u = uniform();
+        if u < objective.replace_prob {
+            input[i] = objective.mask_id as u32;
+        } else if u < objective.replace_prob + objective.random_prob && regular > 0 {
+            let id = objective.first_regular_id
+                + ((uniform() * regular as f64) as usize).min(regular - 1);
+            // The mask token is never a random replacement: that position keeps its token.
+            if id != objective.mask_id {
+                input[i] = id as u32;
+            }
+        }
+    }
+    Masking { input, chosen }
+}
+
+impl Objective for MaskedLm {
+    type Config = EncoderOnlyConfig;
+    type Example = Vec<u32>;
+
+    fn model(&self) -> &EncoderOnlyConfig {
+        &self.model
+    }
+
+    fn d_model(&self) -> usize {
+        self.model.layer.d_model
+    }
+
+    fn check(&self) -> Result<(), TrainError> {
+        check_smoothing(self.label_smoothing)?;
+        if !self.model.mlm_head {
+            return Err(TrainError::InvalidConfig {
+                field: "model.mlm_head",
+                value: "false".into(),
+                expected: "true: the objective predicts tokens through the MLM head",
+            });
+        }
+        let probabilities = [
+            ("mask_prob", self.mask_prob),
+            ("replace_prob", self.replace_prob),
+            ("random_prob", self.random_prob),
+            (
+                "replace_prob + random_prob",
+                self.replace_prob + self.random_prob,
+            ),
+        ];
+        for (field, p) in probabilities {
+            if !(0.0..=1.0).contains(&p) || (field == "mask_prob" && p == 0.0) {
+                return Err(TrainError::InvalidConfig {
+                    field,
+                    value: p.to_string(),
+                    expected: "a probability (mask_prob above 0)",
+                });
+            }
+        }
+        let vocab = self.model.vocab_size;
+        check_special("mask_id", self.mask_id, vocab)?;
+        check_special("bos_id", self.bos_id, vocab)?;
+        check_special("eos_id", self.eos_id, vocab)?;
+        check_special("first_regular_id", self.first_regular_id, vocab)?;
+        check_special("model.pad_id", self.model.pad_id, vocab)
+    }
+
+    fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
+        check_ids(example, self.model.vocab_size)
+    }
+
+    fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {
+        (example.len() + 2, example.len() + 2)
+    }
+
+    fn targets(&self, example: &Vec<u32>, draw: u64) -> usize {
+        mask_tokens(self, example, draw).chosen.len()
+    }
+
+    fn loss<B: Backend>(
+        &self,
+        model: &ModelOf<Self, B>,
+        batch: &[&Vec<u32>],
+        draws: &[u64],
+        device: &B::Device,
+    ) -> Result<BatchLoss<B>, TrainError> {
+        let pad = self.model.pad_id as i64;
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        for (example, &draw) in batch.iter().zip(draws) {
+            let masking = mask_tokens(self, example, draw);
+            let mut input = vec![self.bos_id as i64];
+            input.extend(masking.input.iter().map(|&t| i64::from(t)));
+            input.push(self.eos_id as i64);
+            let mut target = vec![pad; input.len()];
+            for &i in &masking.chosen {
+                target[i + 1] = i64::from(example[i]);
+            }
+            inputs.push(input);
+            targets.push(target);
+        }
+        let ids = padded::<B>(&inputs, self.model.pad_id, device);
+        let mask = model.padding_mask(ids.clone());
+        let hidden = model.forward(ids, None, Some(&mask))?;
+        let loss = label_smoothed_loss(
+            model.mlm_logits(hidden),
+            padded(&targets, self.model.pad_id, device),
+            self.model.pad_id,
+            self.label_smoothing,
+        );
+        Ok(BatchLoss {
+            loss,
+            input_tokens: inputs.iter().map(Vec::len).sum(),
+        })
+    }
+}

@@ -1,0 +1,159 @@
+//! Training objectives: what a batch of examples costs a model. The [`Trainer`](crate::Trainer)
+//! trains any model through the [`Objective`] trait (in the spirit of burn-train's
+//! `TrainStep`/`ValidStep`: a batch in, a loss and token counts out); three are provided:
+//!
+//! | objective | model | example | predicts |
+//! |---|---|---|---|
+//! | [`Translation`] | the encoder-decoder [`Transformer`](xfmr_models::Transformer) | a source/target pair ([`Example`]) | each target token from the source and the targets before it (teacher forcing) |
+//! | [`CausalLm`] | the GPT-like [`DecoderOnly`](xfmr_models::DecoderOnly) | a token sequence | each token from the ones before it |
+//! | [`MaskedLm`] | the BERT-like [`EncoderOnly`](xfmr_models::EncoderOnly) with its MLM head | a token sequence | the tokens hidden by BERT's 15% / 80-10-10 masking |
+//!
+//! All three minimise [`label_smoothed_loss`](crate::loss::label_smoothed_loss) over the tokens
+//! they predict, padding left out.
+//!
+//! **Randomness.** An objective that draws (masking) draws from a `u64` the trainer derives from
+//! the run's seed, the step and the example's index in the training set: a resumed run draws what
+//! an uninterrupted one would, and data-parallel replicas draw for their rows what a single
+//! process would.
+
+use std::fmt::Debug;
+
+use burn::tensor::backend::Backend;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use xfmr_models::checkpoint::ModelConfig;
+
+use crate::loss::SmoothedLoss;
+use crate::TrainError;
+
+mod lm;
+mod mlm;
+mod translation;
+
+pub use lm::CausalLm;
+pub use mlm::{mask_tokens, MaskedLm, Masking};
+pub use translation::{Batch, Example, Translation};
+
+/// The model an objective trains, on backend `B`.
+pub type ModelOf<O, B> = <<O as Objective>::Config as ModelConfig>::Model<B>;
+
+/// A training objective: the model it trains and the loss of a batch of its examples.
+///
+/// The objective is part of a run's configuration: it is saved in every checkpoint
+/// (`trainer.json`) and a resumed run uses the saved one.
+pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The configuration of the model trained (what checkpoints store beside the weights).
+    type Config: ModelConfig + Clone + Debug + Send + Sync;
+    /// One training example.
+    type Example: Clone + Debug + Send + Sync;
+
+    /// The model's configuration.
+    fn model(&self) -> &Self::Config;
+
+    /// The model width (the learning-rate schedule's `d_model`).
+    fn d_model(&self) -> usize;
+
+    /// Checks the objective's own options.
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidConfig`] naming the option.
+    fn check(&self) -> Result<(), TrainError>;
+
+    /// Checks one example; `Err` says what is wrong (e.g. `"id 77 ≥ vocabulary 40"`).
+    ///
+    /// # Errors
+    /// What is wrong with the example.
+    fn check_example(&self, example: &Self::Example) -> Result<(), String>;
+
+    /// The example's padded lengths, `(input, output)` tokens, special tokens included: what
+    /// token-count batching ([`token_batches`](crate::data::token_batches)) groups by.
+    fn lengths(&self, example: &Self::Example) -> (usize, usize);
+
+    /// How many tokens the example predicts with `draw` (the loss's denominator; the same
+    /// count [`Objective::loss`] reports for it).
+    fn targets(&self, example: &Self::Example, draw: u64) -> usize;
+
+    /// The loss of `model` on `batch` (one draw per example, see the module docs).
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    fn loss<B: Backend>(
+        &self,
+        model: &ModelOf<Self, B>,
+        batch: &[&Self::Example],
+        draws: &[u64],
+        device: &B::Device,
+    ) -> Result<BatchLoss<B>, TrainError>;
+}
+
+/// The loss of one batch.
+#[derive(Debug, Clone)]
+pub struct BatchLoss<B: Backend> {
+    /// The label-smoothed loss and the negative log-likelihood, averaged over the predicted
+    /// tokens, and their count.
+    pub loss: SmoothedLoss<B>,
+    /// Non-padding input tokens read (the source side for translation).
+    pub input_tokens: usize,
+}
+
+/// Checks that every id is below `vocab`.
+pub(crate) fn check_ids<'a>(
+    ids: impl IntoIterator<Item = &'a u32>,
+    vocab: usize,
+) -> Result<(), String> {
+    match ids.into_iter().find(|&&t| t as usize >= vocab) {
+        Some(id) => Err(format!("id {id} ≥ vocabulary {vocab}")),
+        None => Ok(()),
+    }
+}
+
+/// Checks that the special id `field` is inside the vocabulary.
+pub(crate) fn check_special(
+    field: &'static str,
+    id: usize,
+    vocab: usize,
+) -> Result<(), TrainError> {
+    if id < vocab {
+        Ok(())
+    } else {
+        Err(TrainError::InvalidConfig {
+            field,
+            value: id.to_string(),
+            expected: "below the vocabulary size",
+        })
+    }
+}
+
+/// Checks a label smoothing ε.
+pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
+    if (0.0..1.0).contains(&epsilon) {
+        Ok(())
+    } else {
+        Err(TrainError::InvalidConfig {
+            field: "label_smoothing",
+            value: epsilon.to_string(),
+            expected: "in [0, 1)",
+        })
+    }
+}
+
+/// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor.
+pub(crate) fn padded<B: Backend>(
+    rows: &[Vec<i64>],
+    pad: usize,
+    device: &B::Device,
+) -> burn::tensor::Tensor<B, 2, burn::tensor::Int> {
+    let len = rows.iter().map(Vec::len).max().unwrap_or(1).max(1);
+    let flat: Vec<i64> = rows
+        .iter()
+        .flat_map(|r| {
+            r.iter()
+                .copied()
+                .chain(std::iter::repeat_n(pad as i64, len - r.len()))
+        })
+        .collect();
+    burn::tensor::Tensor::from_data(
+        burn::tensor::TensorData::new(flat, [rows.len(), len]),
+        device,
+    )
+}

@@ -1,0 +1,137 @@
+//! The paper's objective: translation with teacher forcing.
+
+use burn::config::Config;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+use xfmr_models::TransformerConfig;
+
+use super::{check_ids, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective};
+use crate::loss::label_smoothed_loss;
+use crate::TrainError;
+
+/// One training pair as token ids, without start or end tokens (the objective adds them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// Source ids.
+    pub src: Vec<u32>,
+    /// Target ids.
+    pub tgt: Vec<u32>,
+}
+
+/// A padded translation batch, ready for the model.
+#[derive(Debug, Clone)]
+pub struct Batch<B: Backend> {
+    /// Sources followed by the end token, right-padded: `[rows, seq_src]`.
+    pub src: Tensor<B, 2, Int>,
+    /// The start token followed by the targets (teacher forcing): `[rows, seq_tgt]`.
+    pub tgt_in: Tensor<B, 2, Int>,
+    /// The targets followed by the end token: what each position predicts, `[rows, seq_tgt]`.
+    pub tgt_out: Tensor<B, 2, Int>,
+    /// Non-padding source tokens.
+    pub src_tokens: usize,
+    /// Non-padding target tokens (the loss's denominator).
+    pub tgt_tokens: usize,
+}
+
+impl<B: Backend> Batch<B> {
+    /// Pads `examples` into one batch with the given special ids.
+    ///
+    /// # Panics
+    /// If `examples` is empty.
+    pub fn new(
+        examples: &[&Example],
+        pad: usize,
+        bos: usize,
+        eos: usize,
+        device: &B::Device,
+    ) -> Self {
+        assert!(!examples.is_empty(), "Batch::new: no examples");
+        let ids = |v: &[u32]| v.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
+        let (bos, eos) = (bos as i64, eos as i64);
+        let rows =
+            |f: &dyn Fn(&Example) -> Vec<i64>| examples.iter().map(|e| f(e)).collect::<Vec<_>>();
+        let src = rows(&|e| [ids(&e.src), vec![eos]].concat());
+        let tgt_in = rows(&|e| [vec![bos], ids(&e.tgt)].concat());
+        let tgt_out = rows(&|e| [ids(&e.tgt), vec![eos]].concat());
+        Self {
+            src: padded(&src, pad, device),
+            tgt_in: padded(&tgt_in, pad, device),
+            tgt_out: padded(&tgt_out, pad, device),
+            src_tokens: examples.iter().map(|e| e.src.len() + 1).sum(),
+            tgt_tokens: examples.iter().map(|e| e.tgt.len() + 1).sum(),
+        }
+    }
+}
+
+/// Translation (§5): the encoder reads the source followed by the end token; the decoder reads
+/// the start token followed by the target and predicts the target followed by the end token,
+/// under the label-smoothed loss (paper: ε = 0.1).
+#[derive(Config, Debug)]
+pub struct Translation {
+    /// The model (its `layer.dropout` is the paper's P_drop, 0.1 for `base`).
+    pub model: TransformerConfig,
+    /// Label smoothing ε (paper: 0.1).
+    #[config(default = 0.1)]
+    pub label_smoothing: f64,
+    /// Start-of-sentence id (the decoder's first input).
+    #[config(default = 1)]
+    pub bos_id: usize,
+    /// End-of-sentence id (appended to sources and targets).
+    #[config(default = 2)]
+    pub eos_id: usize,
+}
+
+impl Objective for Translation {
+    type Config = TransformerConfig;
+    type Example = Example;
+
+    fn model(&self) -> &TransformerConfig {
+        &self.model
+    }
+
+    fn d_model(&self) -> usize {
+        self.model.layer.d_model
+    }
+
+    fn check(&self) -> Result<(), TrainError> {
+        check_smoothing(self.label_smoothing)?;
+        let vocab = self.model.tgt_vocab_size;
+        check_special("bos_id", self.bos_id, vocab)?;
+        check_special("eos_id", self.eos_id, vocab)?;
+        check_special("model.pad_id", self.model.pad_id, vocab)
+    }
+
+    fn check_example(&self, example: &Example) -> Result<(), String> {
+        check_ids(&example.src, self.model.src_vocab_size)?;
+        check_ids(&example.tgt, self.model.tgt_vocab_size)
+    }
+
+    fn lengths(&self, example: &Example) -> (usize, usize) {
+        (example.src.len() + 1, example.tgt.len() + 1)
+    }
+
+    fn targets(&self, example: &Example, _draw: u64) -> usize {
+        example.tgt.len() + 1
+    }
+
+    fn loss<B: Backend>(
+        &self,
+        model: &ModelOf<Self, B>,
+        batch: &[&Example],
+        _draws: &[u64],
+        device: &B::Device,
+    ) -> Result<BatchLoss<B>, TrainError> {
+        let batch = Batch::<B>::new(batch, self.model.pad_id, self.bos_id, self.eos_id, device);
+        let logits = model.forward(batch.src, batch.tgt_in)?;
+        let loss = label_smoothed_loss(
+            logits,
+            batch.tgt_out,
+            self.model.pad_id,
+            self.label_smoothing,
+        );
+        Ok(BatchLoss {
+            loss,
+            input_tokens: batch.src_tokens,
+        })
+    }
+}

@@ -1,0 +1,289 @@
+//! The metrics log of a run: one [`MetricRecord`] per training step and per validation, as JSON
+//! Lines (`metrics.jsonl`) or CSV (`metrics.csv`), written by the [`MetricsLog`] observer and
+//! read back as the same records.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use xfmr_models::checkpoint::write_atomic;
+
+use super::run::{Event, Observer};
+use super::TrainError;
+
+/// What a record measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricKind {
+    /// One training step (dropout on, the step's batches).
+    Train,
+    /// The validation loss (dropout off, the validation set).
+    Valid,
+}
+
+/// One line of the metrics log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricRecord {
+    /// Training step or validation.
+    pub kind: MetricKind,
+    /// The step (1-based).
+    pub step: usize,
+    /// The epoch.
+    pub epoch: u64,
+    /// Label-smoothed loss per predicted token.
+    pub loss: f64,
+    /// Negative log-likelihood per predicted token.
+    pub nll: f64,
+    /// Learning rate (training steps).
+    pub lr: Option<f64>,
+    /// Tokens read, input and predicted (training steps).
+    pub tokens: Option<usize>,
+    /// Tokens read per second over the last ~10 s (training steps).
+    pub tokens_per_s: Option<f64>,
+    /// `exp(nll)` (validation).
+    pub perplexity: Option<f64>,
+    /// Seconds since the run (this invocation) started.
+    pub elapsed_s: f64,
+}
+
+/// The columns of the CSV format, in the order of [`MetricRecord`]'s fields.
+const CSV_COLUMNS: [&str; 10] = [
+    "kind",
+    "step",
+    "epoch",
+    "loss",
+    "nll",
+    "lr",
+    "tokens",
+    "tokens_per_s",
+    "perplexity",
+    "elapsed_s",
+];
+
+/// The format of a metrics log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum MetricsFormat {
+    /// One JSON object per line (`metrics.jsonl`).
+    #[default]
+    Jsonl,
+    /// Comma-separated values with a header (`metrics.csv`).
+    Csv,
+}
+
+impl MetricsFormat {
+    /// The log's file in run directory `run_dir`.
+    pub fn path(self, run_dir: &Path) -> PathBuf {
+        run_dir.join(match self {
+            Self::Jsonl => "metrics.jsonl",
+            Self::Csv => "metrics.csv",
+        })
+    }
+
+    fn write(self, record: &MetricRecord) -> String {
+        match self {
+            Self::Jsonl => serde_json::to_string(record).expect("a record serialises"),
+            Self::Csv => {
+                let opt = |v: Option<String>| v.unwrap_or_default();
+                let kind = match record.kind {
+                    MetricKind::Train => "train",
+                    MetricKind::Valid => "valid",
+                };
+                [
+                    kind.to_string(),
+                    record.step.to_string(),
+                    record.epoch.to_string(),
+                    record.loss.to_string(),
+                    record.nll.to_string(),
+                    opt(record.lr.map(|v| v.to_string())),
+                    opt(record.tokens.map(|v| v.to_string())),
+                    opt(record.tokens_per_s.map(|v| v.to_string())),
+                    opt(record.perplexity.map(|v| v.to_string())),
+                    record.elapsed_s.to_string(),
+                ]
+                .join(",")
+            }
+        }
+    }
+
+    /// One record, or why the line is not one.
+    fn read(self, line: &str) -> Result<MetricRecord, String> {
+        match self {
+            Self::Jsonl => serde_json::from_str(line).map_err(|e| e.to_string()),
+            Self::Csv => {
+                let cells: Vec<&str> = line.split(',').collect();
+                if cells.len() != CSV_COLUMNS.len() {
+                    return Err(format!(
+                        "{} cells, expected {} ({})",
+                        cells.len(),
+                        CSV_COLUMNS.len(),
+                        CSV_COLUMNS.join(",")
+                    ));
+                }
+                // The same record through serde: every cell as a JSON value of its column.
+                let mut object = serde_json::Map::new();
+                for (column, cell) in CSV_COLUMNS.iter().zip(cells) {
+                    let value = if cell.is_empty() {
+                        serde_json::Value::Null
+                    } else if *column == "kind" {
+                        serde_json::Value::String(cell.to_string())
+                    } else {
+                        serde_json::from_str(cell).map_err(|e| format!("{column} {cell:?}: {e}"))?
+                    };
+                    object.insert(column.to_string(), value);
+                }
+                serde_json::from_value(object.into()).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// Reads every record of a metrics log. A torn last line (a process killed mid-write) is
+/// skipped; any other line that is not a record is an error naming the file and line.
+///
+/// # Errors
+/// [`TrainError::Io`] naming the file (and line).
+pub fn read_metrics(path: &Path, format: MetricsFormat) -> Result<Vec<MetricRecord>, TrainError> {
+    let text = fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
+    let lines: Vec<&str> = text.lines().collect();
+    let mut records = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.is_empty() || (format == MetricsFormat::Csv && i == 0) {
+            continue;
+        }
+        match format.read(line) {
+            Ok(record) => records.push(record),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
+            Err(e) => {
+                return Err(TrainError::io(path, format!("line {}: {e}", i + 1)));
+            }
+        }
+    }
+    Ok(records)
+}
+
+/// The observer that writes a run's metrics log: a training record per step, a validation
+/// record per validation. Each record is one write of one line, flushed. When the run starts at
+/// step `s` (a resume), the records after `s` (from steps the checkpoint does not hold) and a
+/// torn last line are dropped first, by rewriting the file atomically.
+#[derive(Debug)]
+pub struct MetricsLog {
+    path: PathBuf,
+    format: MetricsFormat,
+    file: Option<fs::File>,
+    window: (Instant, usize),
+    rate: f64,
+}
+
+impl MetricsLog {
+    /// The log of run directory `run_dir` in `format`; opened when the run starts.
+    pub fn new(run_dir: &Path, format: MetricsFormat) -> Self {
+        Self {
+            path: format.path(run_dir),
+            format,
+            file: None,
+            window: (Instant::now(), 0),
+            rate: 0.0,
+        }
+    }
+
+    /// The file written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Every record in the file.
+    ///
+    /// # Errors
+    /// As [`read_metrics`].
+    pub fn records(&self) -> Result<Vec<MetricRecord>, TrainError> {
+        read_metrics(&self.path, self.format)
+    }
+
+    fn open(&mut self, keep_through: usize) -> Result<(), TrainError> {
+        let kept = match self.path.exists() {
+            true => read_metrics(&self.path, self.format)?,
+            false => Vec::new(),
+        };
+        let mut text = String::new();
+        if self.format == MetricsFormat::Csv {
+            text += &CSV_COLUMNS.join(",");
+            text.push('\n');
+        }
+        for record in kept.iter().filter(|r| r.step <= keep_through) {
+            text += &self.format.write(record);
+            text.push('\n');
+        }
+        write_atomic(&self.path, text.as_bytes())?;
+        let file = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .map_err(|e| TrainError::io(&self.path, e))?;
+        self.file = Some(file);
+        self.window = (Instant::now(), 0);
+        Ok(())
+    }
+
+    fn append(&mut self, record: &MetricRecord) -> Result<(), TrainError> {
+        let line = format!("{}\n", self.format.write(record));
+        let file = self.file.as_mut().ok_or_else(|| {
+            TrainError::io(
+                &self.path,
+                "written before the run started (no Started event)",
+            )
+        })?;
+        file.write_all(line.as_bytes())
+            .and_then(|()| file.flush())
+            .map_err(|e| TrainError::io(&self.path, e))
+    }
+}
+
+impl Observer for MetricsLog {
+    fn event(&mut self, event: &Event<'_>) -> Result<(), TrainError> {
+        match *event {
+            Event::Started {
+                progress, leader, ..
+            } if leader => self.open(progress.step),
+            Event::Step { report, elapsed } if self.file.is_some() => {
+                let tokens = report.input_tokens + report.target_tokens;
+                self.window.1 += tokens;
+                let seconds = self.window.0.elapsed().as_secs_f64().max(1e-9);
+                self.rate = self.window.1 as f64 / seconds;
+                if seconds > 10.0 {
+                    self.window = (Instant::now(), 0);
+                }
+                self.append(&MetricRecord {
+                    kind: MetricKind::Train,
+                    step: report.step,
+                    epoch: report.epoch,
+                    loss: report.loss,
+                    nll: report.nll,
+                    lr: Some(report.lr),
+                    tokens: Some(tokens),
+                    tokens_per_s: Some(self.rate.round()),
+                    perplexity: None,
+                    elapsed_s: elapsed.as_secs_f64(),
+                })
+            }
+            Event::Validation {
+                step,
+                epoch,
+                loss,
+                elapsed,
+            } => self.append(&MetricRecord {
+                kind: MetricKind::Valid,
+                step,
+                epoch,
+                loss: loss.loss,
+                nll: loss.nll,
+                lr: None,
+                tokens: None,
+                tokens_per_s: None,
+                perplexity: Some(loss.perplexity()),
+                elapsed_s: elapsed.as_secs_f64(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! The three provided objectives trained through one trainer: each learns a toy task, resumes
+//! exactly through [`Trainer::run`]'s checkpoints, and trains as two data-parallel replicas in
+//! one process exactly as one replica does. Test names carry `objective_translation`,
+//! `objective_lm` and `objective_mlm` (the translation objective's learning and resume tests
+//! live in `trainer.rs`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::module::AutodiffModule;
+use xfmr_models::{DecoderOnlyConfig, EncoderOnlyConfig, TransformerConfig};
+use xfmr_train::data::SplitMix64;
+use xfmr_train::objective::{mask_tokens, ModelOf};
+use xfmr_train::trainer::{evaluate_loss, load_model, Event, Silent};
+use xfmr_train::{
+    run_replicas, CausalLm, DataParallelConfig, Example, MaskedLm, Objective, Observer, StepReport,
+    TrainConfig, TrainError, Trainer, Translation,
+};
+
+use crate::trainer::{lock, params};
+
+type Train = Autodiff<NdArray<f32>>;
+type Infer = NdArray<f32>;
+
+const VOCAB: usize = 24;
+/// Ids below this are special (pad 0, bos 1, eos 2, unk 3); the tasks use the others.
+const FIRST: u32 = 4;
+
+/// Counting sequences `a, a+1, …` (wrapping within the ordinary ids) of 2–8 tokens: after the
+/// first token every next one is determined.
+fn counting(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = SplitMix64(seed);
+    let span = VOCAB as u64 - u64::from(FIRST);
+    (0..n)
+        .map(|_| {
+            let len = 2 + (rng.next() % 7) as usize;
+            let start = rng.next() % span;
+            (0..len as u64)
+                .map(|k| FIRST + ((start + k) % span) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Sequences of one repeated token, 4–8 long: any unmasked token tells a masked one.
+fn repeated(n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = SplitMix64(seed);
+    let span = VOCAB as u64 - 1 - u64::from(FIRST);
+    (0..n)
+        .map(|_| {
+            let len = 4 + (rng.next() % 5) as usize;
+            vec![FIRST + (rng.next() % span) as u32; len]
+        })
+        .collect()
+}
+
+fn lm() -> CausalLm {
+    CausalLm::new(DecoderOnlyConfig::tiny(VOCAB).with_max_len(32))
+}
+
+fn mlm() -> MaskedLm {
+    // The last id is the mask token; random replacements come from the ordinary ids.
+    MaskedLm::new(
+        EncoderOnlyConfig::tiny(VOCAB)
+            .with_max_len(32)
+            .with_type_vocab_size(0)
+            .with_pooler(false)
+            .with_mlm_head(true),
+        VOCAB - 1,
+    )
+}
+
+fn translation() -> Translation {
+    Translation::new(TransformerConfig::tiny(VOCAB))
+}
+
+fn copies(n: usize, seed: u64) -> Vec<Example> {
+    counting(n, seed)
+        .into_iter()
+        .map(|s| Example {
+            src: s.clone(),
+            tgt: s,
+        })
+        .collect()
+}
+
+fn config() -> TrainConfig {
+    TrainConfig::new()
+        .with_max_tokens(96)
+        .with_warmup(30)
+        .with_lr_factor(0.3)
+        .with_eval_every(1000)
+        .with_checkpoint_every(1000)
+        .with_keep_checkpoints(2)
+        .with_average(1)
+}
+
+/// Trains `steps` steps and returns the validation negative log-likelihood per predicted token
+/// before and after.
+fn learn<O: Objective>(
+    objective: O,
+    train: Vec<O::Example>,
+    valid: &[O::Example],
+    steps: usize,
+) -> (f64, f64)
+where
+    ModelOf<O, Train>: AutodiffModule<Train, InnerModule = ModelOf<O, Infer>>,
+{
+    let _guard = lock();
+    let config = config();
+    let mut trainer = Trainer::<Train, O>::new(
+        objective.clone(),
+        config.clone(),
+        train,
+        &Default::default(),
+    )
+    .unwrap();
+    let nll = |t: &Trainer<Train, O>| {
+        evaluate_loss(&objective, &t.inference_model(), &config, valid)
+            .unwrap()
+            .nll
+    };
+    let before = nll(&trainer);
+    for _ in 0..steps {
+        trainer.step().unwrap();
+    }
+    (before, nll(&trainer))
+}
+
+/// Half the uniform guess's loss over the vocabulary, `ln V / 2`: what a model that learnt the
+/// task's rule must beat (see each task's expected loss in its test).
+fn half_uniform() -> f64 {
+    (VOCAB as f64).ln() / 2.0
+}
+
+/// Next-token prediction on counting sequences. A model that learnt the rule pays only for the
+/// first token (ln 20 ≈ 3.0) and for where a sequence ends (at most ln 7 ≈ 1.9 spread over its
+/// tokens): ≈ 0.9 nats per predicted token on average, below ln 24 / 2 ≈ 1.59; an untrained one
+/// pays ≈ ln 24 ≈ 3.18.
+#[test]
+fn objective_lm_learns_to_count() {
+    let (before, after) = learn(lm(), counting(400, 1), &counting(40, 2), 200);
+    assert!(
+        (before - (VOCAB as f64).ln()).abs() < 1.0,
+        "untrained: {before}"
+    );
+    assert!(
+        after < half_uniform(),
+        "after 200 steps: {after} (bound {})",
+        half_uniform()
+    );
+}
+
+/// Masked-token prediction on sequences of one repeated token: every unmasked token gives the
+/// masked ones away, so a model that learnt it pays nearly nothing, far below ln 24 / 2.
+#[test]
+fn objective_mlm_learns_to_fill_in_repeated_tokens() {
+    let (before, after) = learn(mlm(), repeated(400, 3), &repeated(40, 4), 200);
+    assert!(
+        (before - (VOCAB as f64).ln()).abs() < 1.0,
+        "untrained: {before}"
+    );
+    assert!(
+        after < half_uniform(),
+        "after 200 steps: {after} (bound {})",
+        half_uniform()
+    );
+}
+
+/// BERT's masking: about 15% of the positions chosen (at least one per sequence), of which
+/// about 80% become the mask token, 10% a random ordinary token and 10% stay; the same draw
+/// always masks the same way.
+#[test]
+fn objective_mlm_masks_as_bert_does() {
+    let objective = mlm();
+    let tokens: Vec<u32> = (0..10_000).map(|i| FIRST + (i % 19) as u32).collect();
+    let masking = mask_tokens(&objective, &tokens, 11);
+    assert_eq!(masking, mask_tokens(&objective, &tokens, 11));
+    let chosen = masking.chosen.len() as f64 / tokens.len() as f64;
+    assert!((chosen - 0.15).abs() < 0.01, "chosen share {chosen}");
+    let (mut masked, mut kept, mut random) = (0, 0, 0);
+    for &i in &masking.chosen {
+        match masking.input[i] {
+            t if t as usize == objective.mask_id => masked += 1,
+            t if t == tokens[i] => kept += 1,
+            t => {
+                assert!(t >= FIRST && (t as usize) < VOCAB - 1, "random token {t}");
+                random += 1;
+            }
+        }
+    }
+    let n = masking.chosen.len() as f64;
+    // A random draw equal to the original token counts as kept: 1/19 of the 10%.
+    for (what, count, expected) in [
+        ("mask", masked, 0.8),
+        ("random", random, 0.1 * 18.0 / 19.0),
+        ("kept", kept, 0.1 + 0.1 / 19.0),
+    ] {
+        let share = f64::from(count) / n;
+        assert!(
+            (share - expected).abs() < 0.03,
+            "{what}: {share} vs {expected}"
+        );
+    }
+    let unchosen = (0..tokens.len()).filter(|i| !masking.chosen.contains(i));
+    assert!(unchosen.into_iter().all(|i| masking.input[i] == tokens[i]));
+    // A short sequence with no position drawn still gets one.
+    assert!((0..200).all(|d| !mask_tokens(&objective, &[5, 6], d).chosen.is_empty()));
+}
+
+/// Collects the training steps' losses and learning rates.
+#[derive(Default)]
+struct Losses(Vec<(usize, f64, f64)>);
+
+impl Observer for Losses {
+    fn event(&mut self, event: &Event<'_>) -> Result<(), TrainError> {
+        if let Event::Step {
+            report: StepReport { step, loss, lr, .. },
+            ..
+        } = event
+        {
+            self.0.push((*step, *loss, *lr));
+        }
+        Ok(())
+    }
+}
+
+/// Runs `objective` through [`Trainer::run`] to 8 steps in one go, and in another directory to
+/// 4 steps, then (a new process would do the same) opened again and run to 8: the resumed
+/// steps' losses and learning rates, and the final models' validation losses, equal the
+/// uninterrupted run's (≤ 1e-4, see `xfmr_train::trainer` on why not bit for bit).
+fn resumes_exactly<O: Objective>(objective: O, train: Vec<O::Example>, valid: &[O::Example])
+where
+    ModelOf<O, Train>: AutodiffModule<Train, InnerModule = ModelOf<O, Infer>>,
+{
+    let _guard = lock();
+    let device = Default::default();
+    let config = config()
+        .with_accumulate(2)
+        .with_checkpoint_every(2)
+        .with_eval_every(4);
+    let run = |dir: &Path, steps: usize| {
+        let mut losses = Losses::default();
+        let mut trainer = Trainer::<Train, O>::open(
+            dir,
+            objective.clone(),
+            config.clone().with_steps(steps),
+            train.clone(),
+            &device,
+        )
+        .unwrap();
+        let summary = trainer.run(dir, valid, &mut losses).unwrap();
+        (losses.0, summary)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (straight, whole) = run(&dir.path().join("straight"), 8);
+    assert_eq!(straight.len(), 8);
+    let resumed_dir = dir.path().join("resumed");
+    let (head, first) = run(&resumed_dir, 4);
+    let (tail, second) = run(&resumed_dir, 8);
+    assert_eq!((first.step, second.start_step, second.step), (4, 4, 8));
+    let resumed: Vec<_> = head.into_iter().chain(tail).collect();
+    assert_eq!(resumed.len(), 8);
+    for (a, b) in resumed.iter().zip(&straight) {
+        assert_eq!((a.0, a.2), (b.0, b.2), "steps and learning rates");
+        assert!(
+            (a.1 - b.1).abs() <= 1e-4,
+            "step {}: {} vs {}",
+            a.0,
+            a.1,
+            b.1
+        );
+    }
+    let (a, b) = (whole.validation.unwrap(), second.validation.unwrap());
+    assert!((a.loss - b.loss).abs() <= 1e-4, "validation {a:?} vs {b:?}");
+    // Control: the runs did train (the loss moved), so equal losses are not two frozen models.
+    assert!((straight[0].1 - straight[7].1).abs() > 1e-2, "{straight:?}");
+}
+
+#[test]
+fn objective_translation_resumes_exactly_through_run() {
+    resumes_exactly(translation(), copies(60, 5), &copies(10, 6));
+}
+
+#[test]
+fn objective_lm_resumes_exactly() {
+    resumes_exactly(lm(), counting(60, 7), &counting(10, 8));
+}
+
+#[test]
+fn objective_mlm_resumes_exactly() {
+    resumes_exactly(mlm(), repeated(60, 9), &repeated(10, 10));
+}
+
+/// The final model of `dir` (its checkpoint at step 6).
+fn final_params<O: Objective>(dir: &Path) -> Vec<Vec<f32>> {
+    let step6 = dir.join("checkpoints/step-00000006");
+    let (_, model) = load_model::<Infer, O::Config>(&step6, &Default::default()).unwrap();
+    params::<Infer>(&model)
+}
+
+/// Two replicas in one process (two threads sharing ndarray's device, burn's collective
+/// summing their gradients) train as one: after 6 steps the parameters equal a single
+/// process's to 1e-4. Dropout is off and Adam's ε is 0.1 for the reason the CLI's
+/// data-parallel test gives (`crates/xfmr-cli/tests/cli.rs`): a gradient that is zero but for
+/// rounding moves by ±lr under ε = 1e-9 whichever way it rounds.
+fn two_replicas_train_as_one<O: Objective>(objective: O, train: Vec<O::Example>)
+where
+    ModelOf<O, Train>: AutodiffModule<Train, InnerModule = ModelOf<O, Infer>>,
+{
+    let _guard = lock();
+    let device = Default::default();
+    let config = config()
+        .with_steps(6)
+        .with_epsilon(0.1)
+        .with_checkpoint_every(3);
+    let dir = tempfile::tempdir().unwrap();
+    let (single, parallel) = (dir.path().join("single"), dir.path().join("parallel"));
+    let mut alone =
+        Trainer::<Train, O>::new(objective.clone(), config.clone(), train.clone(), &device)
+            .unwrap();
+    alone.run(&single, &[], &mut Silent).unwrap();
+
+    let replicas = (0..2)
+        .map(|_| {
+            Trainer::<Train, O>::new(objective.clone(), config.clone(), train.clone(), &device)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let data_parallel = DataParallelConfig::new(1, 0, "127.0.0.1:1", "127.0.0.1", 2)
+        .with_devices(2)
+        .with_timeout(Duration::from_secs(120));
+    let (mut a, mut b) = (Silent, Silent);
+    let summary = run_replicas(
+        replicas,
+        Some(&data_parallel),
+        &[(7, "a value both hold")],
+        &parallel,
+        &[],
+        vec![&mut a as &mut (dyn Observer + Send), &mut b],
+        &|e| panic!("a replica failed: {e}"),
+    )
+    .unwrap();
+    assert_eq!(summary.step, 6);
+    let (expected, got) = (final_params::<O>(&single), final_params::<O>(&parallel));
+    let worst = expected
+        .iter()
+        .flatten()
+        .zip(got.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4, "max |parallel − single| = {worst}");
+    // Control: training moved the weights far more than that.
+    let start = dir.path().join("start");
+    let untrained =
+        Trainer::<Train, O>::new(objective, config.with_steps(0), train, &device).unwrap();
+    untrained.save_checkpoint(&start).unwrap();
+    let (_, initial) = load_model::<Infer, O::Config>(
+        &start.join("checkpoints/step-00000000"),
+        &Default::default(),
+    )
+    .unwrap();
+    let moved = params::<Infer>(&initial)
+        .iter()
+        .flatten()
+        .zip(expected.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(moved > 1e-3, "6 steps moved the weights by only {moved}");
+}
+
+#[test]
+fn objective_translation_two_replicas_train_as_one() {
+    let objective =
+        Translation::new(TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0)));
+    two_replicas_train_as_one(objective, copies(40, 11));
+}
+
+#[test]
+fn objective_lm_two_replicas_train_as_one() {
+    let model = lm().model.map_layer(|l| l.with_dropout(0.0));
+    let objective = CausalLm::new(model);
+    two_replicas_train_as_one(objective, counting(40, 12));
+}
+
+#[test]
+fn objective_mlm_two_replicas_train_as_one() {
+    let model = mlm()
+        .model
+        .map_layer(|l| l.with_dropout(0.0).with_attention_dropout(0.0));
+    two_replicas_train_as_one(MaskedLm::new(model, VOCAB - 1), repeated(40, 13));
+}
