@@ -84,7 +84,7 @@ fn w3_examples() -> Vec<xfmr_train::Example> {
 fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_train::Example]) {
     let device = B::Device::default();
     let vocab = 4000;
-    // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/train.rs).
+    // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/spec.rs, train.rs).
     let model = TransformerConfig::new(vocab, vocab, LayerConfig::new(128, 4, 512), 3, 3);
     let config = TrainConfig::new()
         .with_steps(1_000_000)

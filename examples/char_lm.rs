@@ -1,7 +1,8 @@
 //! A character-level GPT-like language model trained on 1,000 King James verses
-//! (`benches/data/kjv_1000.txt`, public domain), then asked to continue a prompt with greedy
-//! decoding, beam search and seeded sampling, all through the key/value cache; the model also
-//! goes through a checkpoint and back.
+//! (`benches/data/kjv_1000.txt`, public domain) through the library's trainer (the causal
+//! language-model objective, one verse per example), then asked to continue a prompt with greedy
+//! decoding, beam search and seeded sampling, all through the key/value cache, from the final
+//! model the run saved.
 //!
 //! ```text
 //! cargo run --release -p xfmr --features flex,autodiff --example char_lm [-- STEPS]
@@ -11,23 +12,42 @@
 use std::collections::BTreeSet;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::AutodiffModule;
-use burn::optim::{AdamConfig, GradientsParams, Optimizer};
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr::models::{
-    checkpoint, cross_entropy, BeamOptions, DecoderOnly, DecoderOnlyConfig, GenerationOptions,
-    SampleOptions, Strategy,
+    BeamOptions, DecoderOnly, DecoderOnlyConfig, GenerationOptions, SampleOptions, Strategy,
 };
+use xfmr::train::trainer::load_model;
+use xfmr::train::{CausalLm, Event, Observer, TrainConfig, TrainError, Trainer};
 
 type Infer = Flex;
 type Train = Autodiff<Infer>;
 
 const TEXT: &str = include_str!("../benches/data/kjv_1000.txt");
-const CONTEXT: usize = 64;
-const BATCH: usize = 16;
-/// Id 0 pads, id 1 ends a verse; characters start at 2.
+/// Id 0 pads, 1 starts a verse, 2 ends one; characters start at 3.
 const PAD: u32 = 0;
-const EOS: u32 = 1;
+const BOS: u32 = 1;
+const EOS: u32 = 2;
+const FIRST_CHAR: u32 = 3;
+
+/// Prints the training loss every 50 steps and each validation.
+struct Report;
+
+impl Observer for Report {
+    fn event(&mut self, event: &Event<'_>) -> Result<(), TrainError> {
+        match event {
+            Event::Step { report, .. } if report.step % 50 == 0 || report.step == 1 => {
+                println!("step {:4}: loss {:.3}", report.step, report.loss);
+            }
+            Event::Validation { step, loss, .. } => {
+                println!(
+                    "step {step:4}: validation perplexity {:.2}",
+                    loss.perplexity()
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args().nth(1).map_or(Ok(300), |s| s.parse())?;
@@ -39,64 +59,56 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let encode = |s: &str| -> Vec<u32> {
         s.chars()
-            .filter_map(|c| chars.iter().position(|&x| x == c).map(|i| i as u32 + 2))
+            .filter_map(|c| chars.iter().position(|&x| x == c))
+            .map(|i| i as u32 + FIRST_CHAR)
             .collect()
     };
     let decode = |ids: &[u32]| -> String {
         ids.iter()
-            .filter(|&&i| i >= 2)
-            .map(|&i| chars[i as usize - 2])
+            .filter(|&&i| i >= FIRST_CHAR)
+            .map(|&i| chars[(i - FIRST_CHAR) as usize])
             .collect()
     };
-    // One stream of verses, each ended by EOS.
-    let stream: Vec<u32> = TEXT
-        .lines()
-        .flat_map(|l| encode(l).into_iter().chain([EOS]))
-        .collect();
+    let verses: Vec<Vec<u32>> = TEXT.lines().map(encode).collect();
+    let (valid, train) = verses.split_at(50);
 
     let layer = DecoderOnlyConfig::gpt_layer(128, 4, 512).with_dropout(0.1);
-    let config = DecoderOnlyConfig::new(chars.len() + 2, layer, 3).with_max_len(256);
-    let device = Default::default();
-    <Train as Backend>::seed(&device, 0);
-    let mut model: DecoderOnly<Train> = config.init(&device)?;
+    let model = DecoderOnlyConfig::new(chars.len() + FIRST_CHAR as usize, layer, 3)
+        .with_max_len(400) // the longest verse has 330 characters
+        .with_pad_id(PAD as usize);
+    let objective = CausalLm::new(model)
+        .with_bos_id(BOS as usize)
+        .with_eos_id(EOS as usize);
+    let config = TrainConfig::new()
+        .with_steps(steps)
+        .with_max_tokens(2048)
+        .with_warmup(100)
+        .with_lr_factor(0.3)
+        .with_eval_every(100)
+        .with_checkpoint_every(100)
+        .with_keep_checkpoints(2)
+        .with_average(2)
+        .with_seed(0);
     println!(
-        "{} parameters, vocabulary {} characters, {} training tokens",
-        burn::module::Module::num_params(&model),
+        "vocabulary {} characters, {} training verses",
         chars.len(),
-        stream.len()
+        train.len()
     );
-    let mut optim = AdamConfig::new().init();
-    let mut state = 12345u64;
-    for step in 1..=steps {
-        // Teacher forcing on random windows: predict token t+1 from tokens ≤ t.
-        let mut rows = Vec::with_capacity(BATCH * (CONTEXT + 1));
-        for _ in 0..BATCH {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let start = (state >> 33) as usize % (stream.len() - CONTEXT - 1);
-            rows.extend(stream[start..=start + CONTEXT].iter().map(|&t| t as i64));
-        }
-        let batch: Tensor<Train, 2, Int> =
-            Tensor::from_data(TensorData::new(rows, [BATCH, CONTEXT + 1]), &device);
-        let logits = model.forward(batch.clone().narrow(1, 0, CONTEXT))?;
-        let loss = cross_entropy(logits, batch.narrow(1, 1, CONTEXT), PAD as usize, 0.0);
-        if step % 50 == 0 || step == 1 {
-            println!("step {step:4}: loss {:.3}", loss.clone().into_scalar());
-        }
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(1e-3, model, grads);
-    }
-
-    // Through a checkpoint and back, then generate without autodiff.
     let dir = std::env::temp_dir().join(format!("xfmr-char-lm-{}", std::process::id()));
-    let trained: DecoderOnly<Infer> = model.valid();
-    checkpoint::save(&trained, &config, &dir)?;
-    let model: DecoderOnly<Infer> = checkpoint::load_expecting(&dir, &config, &device)?;
+    let device = Default::default();
+    let mut trainer = Trainer::<Train, _>::new(objective, config, train.to_vec(), &device)?;
+    let summary = trainer.run(&dir, valid, &mut Report)?;
+    // The final model (the average of the last two checkpoints), read back without autodiff.
+    let final_model = summary.final_model.ok_or("no final model")?;
+    let (_, model): (_, DecoderOnly<Infer>) =
+        load_model::<Infer, DecoderOnlyConfig>(&final_model, &device)?;
     std::fs::remove_dir_all(&dir)?;
 
     let prompts = ["And God said", "In the beginning", "And the LORD"];
-    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| encode(p)).collect();
+    let prompt_ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| [vec![BOS], encode(p)].concat())
+        .collect();
     let base = GenerationOptions::greedy(80, EOS, PAD);
     let strategies = [
         ("greedy", Strategy::Greedy),

@@ -33,12 +33,22 @@ impl Observer for PrintValidation {
     }
 }
 
-/// Trains `steps` steps on `tsv` (a tenth of it held out for validation) in `run_dir`.
+/// Trains `steps` steps on `tsv` (a tenth of it held out for validation) in `run_dir`, which
+/// then holds the vocabulary (`tokenizer.json`) and the final model (`model/`).
 pub fn train(tsv: &Path, run_dir: &Path, steps: usize) -> Result<RunSummary, Box<dyn Error>> {
     let pairs = data::read_tsv(tsv)?;
     let (valid, train) = pairs.split_at((pairs.len() / 10).max(1));
-    let sides = train.iter().flat_map(|p| [p.src.as_str(), p.tgt.as_str()]);
-    let tokenizer = SubwordTokenizer::train(sides, 1000)?;
+    // The vocabulary is learnt once and kept with the run (a resumed run needs the same ids).
+    let vocabulary = run_dir.join("tokenizer.json");
+    let tokenizer = if vocabulary.exists() {
+        SubwordTokenizer::load(&vocabulary)?
+    } else {
+        let sides = train.iter().flat_map(|p| [p.src.as_str(), p.tgt.as_str()]);
+        let tokenizer = SubwordTokenizer::train(sides, 1000)?;
+        std::fs::create_dir_all(run_dir)?;
+        tokenizer.save(&vocabulary)?;
+        tokenizer
+    };
     let objective = Translation::new(TransformerConfig::tiny(tokenizer.vocab_size()));
     let config = TrainConfig::new()
         .with_steps(steps)

@@ -17,25 +17,23 @@ use xfmr_train::data::Pair;
 use xfmr_train::trainer::{self, FINAL_MODEL_DIR};
 use xfmr_train::SubwordTokenizer;
 
-use crate::spec::{RunSpec, Task};
+use crate::spec::Task;
 use crate::translation::tokenizer_path;
 
-/// The task a run directory was trained for (its `train-config.json`).
+/// The task a run directory was trained for (the `task` of its `train-config.json`); a run
+/// without one (written before `--task` existed) is a translation run.
 pub(crate) fn run_task(run: &Path) -> Result<Task> {
+    #[derive(serde::Deserialize)]
+    struct Tagged {
+        task: Option<Task>,
+    }
     let path = run.join("train-config.json");
-    let text = std::fs::read_to_string(&path).with_context(|| {
-        format!(
-            "{}: not a run of `xfmr train` (train one with `xfmr train --out {}`)",
-            path.display(),
-            run.display()
-        )
-    })?;
-    let spec: RunSpec = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
-    Ok(match spec {
-        RunSpec::Translation { .. } => Task::Translation,
-        RunSpec::Lm { .. } => Task::Lm,
-        RunSpec::Mlm { .. } => Task::Mlm,
-    })
+    if !path.exists() {
+        return Ok(Task::Translation);
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let tagged: Tagged = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
+    Ok(tagged.task.unwrap_or(Task::Translation))
 }
 
 /// The model of run `run`, which must be a `task` run: its averaged final model, else its last
@@ -61,8 +59,14 @@ pub(crate) fn load_run<B: Backend, C: ModelConfig>(
     let dir = if final_dir.is_dir() {
         final_dir
     } else {
-        trainer::latest_checkpoint(run)?
-            .with_context(|| format!("{}: no model/ and no checkpoint", run.display()))?
+        trainer::latest_checkpoint(run)?.with_context(|| {
+            format!(
+                "{}: no model/ and no checkpoint (train one with `xfmr train --task {} --out {}`)",
+                run.display(),
+                task.name(),
+                run.display()
+            )
+        })?
     };
     let (_, model) = trainer::load_model::<B, C>(&dir, &Default::default())?;
     Ok((model, tokenizer))

@@ -72,20 +72,20 @@ pub fn loss_curve(
         chart
             .configure_mesh()
             .x_desc("optimizer step")
-            .y_desc("loss (nats per target token)")
+            .y_desc("loss (nats per predicted token)")
             .label_style(("sans-serif", 14))
             .draw()
             .map_err(|e| err(e.to_string()))?;
         chart
             .draw_series(LineSeries::new(train.iter().copied(), BLUE.stroke_width(1)))
             .map_err(|e| err(e.to_string()))?
-            .label("training (label-smoothed)")
+            .label("training")
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLUE));
         if !valid.is_empty() {
             chart
                 .draw_series(LineSeries::new(valid.iter().copied(), RED.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?
-                .label("validation (label-smoothed)")
+                .label("validation")
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], RED));
             chart
                 .draw_series(valid.iter().map(|&p| Circle::new(p, 3, RED.filled())))

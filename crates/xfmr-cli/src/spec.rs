@@ -105,15 +105,23 @@ pub enum RunSpec {
 }
 
 impl TrainArgs {
-    /// The run directory.
-    pub fn out(&self) -> PathBuf {
-        self.out.clone().unwrap_or_else(|| {
-            PathBuf::from(match self.task {
-                Task::Translation => "runs/es-en",
-                Task::Lm => "runs/en-lm",
-                Task::Mlm => "runs/en-mlm",
+    /// The task: `--config`'s when given, else `--task`.
+    pub fn task(&self) -> Result<Task> {
+        match &self.config {
+            Some(path) => task_of(path),
+            None => Ok(self.task),
+        }
+    }
+
+    /// The run directory: `--out`, else the task's default.
+    pub fn out(&self) -> Result<PathBuf> {
+        Ok(self.out.clone().unwrap_or_else(|| {
+            PathBuf::from(match self.task() {
+                Ok(Task::Lm) => "runs/en-lm",
+                Ok(Task::Mlm) => "runs/en-mlm",
+                _ => "runs/es-en",
             })
-        })
+        }))
     }
 
     /// The training configuration of the flags.
@@ -138,6 +146,8 @@ impl TrainArgs {
     /// The run of the flags: the task's objective on the preset's model.
     pub(crate) fn spec(&self, tokenizer: &SubwordTokenizer) -> Result<RunSpec> {
         let vocab = tokenizer.vocab_size();
+        // The special ids are the tokenizer's.
+        let (pad, bos, eos) = (tokenizer.pad_id(), tokenizer.bos_id(), tokenizer.eos_id());
         let (d_model, heads, d_ff, layers) = self.preset.widths();
         let dropout = self.dropout;
         let train = self.train_config()?;
@@ -146,8 +156,11 @@ impl TrainArgs {
                 objective: Translation::new(
                     self.preset
                         .translation(vocab)
-                        .map_layer(|l| l.with_dropout(dropout)),
-                ),
+                        .map_layer(|l| l.with_dropout(dropout))
+                        .with_pad_id(pad),
+                )
+                .with_bos_id(bos)
+                .with_eos_id(eos),
                 train,
             },
             Task::Lm => RunSpec::Lm {
@@ -158,8 +171,11 @@ impl TrainArgs {
                         layers,
                     )
                     // Room for generating past the longest training sentence.
-                    .with_max_len((self.max_len + 2).max(256)),
-                ),
+                    .with_max_len((self.max_len + 2).max(256))
+                    .with_pad_id(pad),
+                )
+                .with_bos_id(bos)
+                .with_eos_id(eos),
                 train,
             },
             Task::Mlm => RunSpec::Mlm {
@@ -172,11 +188,14 @@ impl TrainArgs {
                     .with_max_len(self.max_len + 2)
                     .with_type_vocab_size(0)
                     .with_pooler(false)
-                    .with_mlm_head(true),
+                    .with_mlm_head(true)
+                    .with_pad_id(pad),
                     tokenizer
                         .mask_id()
                         .context("the vocabulary has no <mask> token")?,
-                ),
+                )
+                .with_bos_id(bos)
+                .with_eos_id(eos),
                 train,
             },
         })

@@ -22,7 +22,7 @@ use xfmr_train::{
 };
 
 use crate::observe::ProgressLines;
-use crate::spec::{read_spec, task_of, Preset, RunSpec, Task};
+use crate::spec::{read_spec, Preset, RunSpec, Task};
 use crate::{lm, plot, translation};
 
 /// The embedded Spanish→English set (see `data/es-en/README.md`).
@@ -51,8 +51,10 @@ pub struct TrainArgs {
     /// Model size.
     #[arg(long, value_enum, default_value_t = Preset::Cpu)]
     pub preset: Preset,
-    /// A run's `train-config.json` (task, objective, training configuration) instead of the
-    /// task, the preset and the flags below; its vocabulary size is set from the tokenizer.
+    /// A run's `train-config.json` (task, objective, training configuration) instead of
+    /// --task, --preset, --dropout and the training flags (--steps, --minutes, --max-tokens,
+    /// --accumulate, --warmup, --lr-factor, --seed, --checkpoint-every, --eval-every,
+    /// --average); its vocabulary size is set from the tokenizer. The other flags still apply.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// BPE vocabulary size (shared by source and target).
@@ -178,11 +180,8 @@ fn vocabulary(
 /// `xfmr train`.
 pub fn train<B: AutodiffBackend>(args: &TrainArgs) -> Result<()> {
     let started = Instant::now();
-    let out = args.out();
-    let task = match &args.config {
-        Some(path) => task_of(path)?,
-        None => args.task,
-    };
+    let task = args.task()?;
+    let out = args.out()?;
     let data_dir = args.data.as_deref();
     let (train_pairs, valid_pairs, test_pairs) = (
         split(data_dir, "train.tsv")?,
@@ -224,14 +223,14 @@ pub fn train<B: AutodiffBackend>(args: &TrainArgs) -> Result<()> {
         }
         RunSpec::Lm { objective, train } => {
             let examples = sentences(&train_pairs)?.into_iter().filter(short).collect();
-            let valid = sentences(&valid_pairs)?;
+            let valid: Vec<_> = sentences(&valid_pairs)?.into_iter().filter(short).collect();
             if run::<B, _>(args, task, objective, train, examples, &valid, &tokenizer)?.is_some() {
                 lm::show_lm_run::<B::InnerBackend>(&out, &tokenizer, &test)?;
             }
         }
         RunSpec::Mlm { objective, train } => {
             let examples = sentences(&train_pairs)?.into_iter().filter(short).collect();
-            let valid = sentences(&valid_pairs)?;
+            let valid: Vec<_> = sentences(&valid_pairs)?.into_iter().filter(short).collect();
             if run::<B, _>(args, task, objective, train, examples, &valid, &tokenizer)?.is_some() {
                 lm::show_mlm_run::<B::InnerBackend>(&out, &tokenizer, &test)?;
             }
@@ -271,7 +270,7 @@ fn run<B: AutodiffBackend, O: Objective>(
 where
     ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
 {
-    let out = &args.out();
+    let out = &args.out()?;
     let parallel = &args.parallel;
     let local = xfmr_train::local_devices::<B>(parallel.devices)?;
     if local.shared {

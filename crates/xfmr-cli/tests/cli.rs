@@ -628,6 +628,8 @@ fn the_downstream_example_trains_on_a_tsv_file() {
     let validation = summary.validation.unwrap();
     assert!(validation.loss.is_finite() && validation.tokens > 0);
     assert!(summary.final_model.unwrap().join("model.mpk").exists());
-    let again = train_custom::train(&data.join("train.tsv"), &run, 20).unwrap();
-    assert_eq!((again.start_step, again.step), (20, 20));
+    assert!(run.join("tokenizer.json").exists());
+    // Run again with a larger budget: it resumes (same vocabulary, same examples) and goes on.
+    let again = train_custom::train(&data.join("train.tsv"), &run, 30).unwrap();
+    assert_eq!((again.start_step, again.step), (20, 30));
 }

@@ -139,22 +139,24 @@ where
         "several replicas need a data-parallel configuration"
     );
     let run_one = |index: usize, trainer: Trainer<B, O>, observer: &mut (dyn Observer + Send)| {
-        let mut trainer = match data_parallel {
-            Some(config) => {
-                let device = trainer.device().clone();
-                let run = DataParallel::join(config.clone(), index as u32, &device)?;
-                for &(value, what) in agreements {
-                    run.agree(value, what)?;
+        let result = (|| {
+            let mut trainer = match data_parallel {
+                Some(config) => {
+                    let device = trainer.device().clone();
+                    let run = DataParallel::join(config.clone(), index as u32, &device)?;
+                    for &(value, what) in agreements {
+                        run.agree(value, what)?;
+                    }
+                    trainer.with_data_parallel(run)?
                 }
-                trainer.with_data_parallel(run)?
-            }
-            None => trainer,
-        };
-        trainer.run(run_dir, valid, observer).inspect_err(|e| {
-            if data_parallel.is_some() {
-                on_failure(e);
-            }
-        })
+                None => trainer,
+            };
+            trainer.run(run_dir, valid, observer)
+        })();
+        if let (Err(e), Some(_)) = (&result, data_parallel) {
+            on_failure(e);
+        }
+        result
     };
     thread::scope(|scope| {
         let mut replicas = trainers.into_iter().zip(observers).enumerate();

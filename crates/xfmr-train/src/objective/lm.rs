@@ -42,13 +42,13 @@ impl Objective for CausalLm {
     fn check(&self) -> Result<(), TrainError> {
         check_smoothing(self.label_smoothing)?;
         let vocab = self.model.vocab_size;
-        check_special("bos_id", self.bos_id, vocab)?;
-        check_special("eos_id", self.eos_id, vocab)?;
-        check_special("model.pad_id", self.model.pad_id, vocab)
+        check_special("bos_id", self.bos_id, vocab, self.model.pad_id)?;
+        check_special("eos_id", self.eos_id, vocab, self.model.pad_id)?;
+        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
     }
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
-        check_ids(example, self.model.vocab_size)
+        check_ids(example, self.model.vocab_size, self.model.pad_id)
     }
 
     fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {

@@ -132,15 +132,20 @@ impl Objective for MaskedLm {
             }
         }
         let vocab = self.model.vocab_size;
-        check_special("mask_id", self.mask_id, vocab)?;
-        check_special("bos_id", self.bos_id, vocab)?;
-        check_special("eos_id", self.eos_id, vocab)?;
-        check_special("first_regular_id", self.first_regular_id, vocab)?;
-        check_special("model.pad_id", self.model.pad_id, vocab)
+        check_special("mask_id", self.mask_id, vocab, self.model.pad_id)?;
+        check_special("bos_id", self.bos_id, vocab, self.model.pad_id)?;
+        check_special("eos_id", self.eos_id, vocab, self.model.pad_id)?;
+        check_special(
+            "first_regular_id",
+            self.first_regular_id,
+            vocab,
+            self.model.pad_id,
+        )?;
+        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
     }
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
-        check_ids(example, self.model.vocab_size)
+        check_ids(example, self.model.vocab_size, self.model.pad_id)
     }
 
     fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {

@@ -96,32 +96,42 @@ pub struct BatchLoss<B: Backend> {
     pub input_tokens: usize,
 }
 
-/// Checks that every id is below `vocab`.
+/// Checks that every id is below `vocab` and none is the padding id `pad` (the loss would not
+/// count it, so its weight would be wrong).
 pub(crate) fn check_ids<'a>(
     ids: impl IntoIterator<Item = &'a u32>,
     vocab: usize,
+    pad: usize,
 ) -> Result<(), String> {
-    match ids.into_iter().find(|&&t| t as usize >= vocab) {
+    match ids
+        .into_iter()
+        .find(|&&t| t as usize >= vocab || t as usize == pad)
+    {
+        Some(&id) if id as usize == pad => Err(format!("id {id} is the padding id")),
         Some(id) => Err(format!("id {id} ≥ vocabulary {vocab}")),
         None => Ok(()),
     }
 }
 
-/// Checks that the special id `field` is inside the vocabulary.
+/// Checks that the special id `field` is inside the vocabulary and is not the padding id.
 pub(crate) fn check_special(
     field: &'static str,
     id: usize,
     vocab: usize,
+    pad: usize,
 ) -> Result<(), TrainError> {
-    if id < vocab {
-        Ok(())
+    let expected = if id >= vocab {
+        "below the vocabulary size"
+    } else if id == pad {
+        "not the padding id (padding is never predicted)"
     } else {
-        Err(TrainError::InvalidConfig {
-            field,
-            value: id.to_string(),
-            expected: "below the vocabulary size",
-        })
-    }
+        return Ok(());
+    };
+    Err(TrainError::InvalidConfig {
+        field,
+        value: id.to_string(),
+        expected,
+    })
 }
 
 /// Checks a label smoothing ε.

@@ -96,14 +96,14 @@ impl Objective for Translation {
     fn check(&self) -> Result<(), TrainError> {
         check_smoothing(self.label_smoothing)?;
         let vocab = self.model.tgt_vocab_size;
-        check_special("bos_id", self.bos_id, vocab)?;
-        check_special("eos_id", self.eos_id, vocab)?;
-        check_special("model.pad_id", self.model.pad_id, vocab)
+        check_special("bos_id", self.bos_id, vocab, self.model.pad_id)?;
+        check_special("eos_id", self.eos_id, vocab, self.model.pad_id)?;
+        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
     }
 
     fn check_example(&self, example: &Example) -> Result<(), String> {
-        check_ids(&example.src, self.model.src_vocab_size)?;
-        check_ids(&example.tgt, self.model.tgt_vocab_size)
+        check_ids(&example.src, self.model.src_vocab_size, self.model.pad_id)?;
+        check_ids(&example.tgt, self.model.tgt_vocab_size, self.model.pad_id)
     }
 
     fn lengths(&self, example: &Example) -> (usize, usize) {

@@ -23,7 +23,8 @@ pub enum MetricKind {
     Valid,
 }
 
-/// One line of the metrics log.
+/// One line of the metrics log. A loss that is not finite (a diverged run) is written as
+/// `null` (JSON) or `NaN` (CSV) and read back as NaN.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricRecord {
     /// Training step or validation.
@@ -33,8 +34,10 @@ pub struct MetricRecord {
     /// The epoch.
     pub epoch: u64,
     /// Label-smoothed loss per predicted token.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
     /// Negative log-likelihood per predicted token.
+    #[serde(deserialize_with = "nan_if_null")]
     pub nll: f64,
     /// Learning rate (training steps).
     pub lr: Option<f64>,
@@ -48,7 +51,12 @@ pub struct MetricRecord {
     pub elapsed_s: f64,
 }
 
-/// The columns of the CSV format, in the order of [`MetricRecord`]'s fields.
+/// An `f64` that may have been written as `null` (serde_json writes NaN and ±∞ so).
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+/// The columns of the CSV format.
 const CSV_COLUMNS: [&str; 10] = [
     "kind",
     "step",
@@ -58,8 +66,8 @@ const CSV_COLUMNS: [&str; 10] = [
     "lr",
     "tokens",
     "tokens_per_s",
-    "perplexity",
     "elapsed_s",
+    "perplexity",
 ];
 
 /// The format of a metrics log.
@@ -99,8 +107,8 @@ impl MetricsFormat {
                     opt(record.lr.map(|v| v.to_string())),
                     opt(record.tokens.map(|v| v.to_string())),
                     opt(record.tokens_per_s.map(|v| v.to_string())),
-                    opt(record.perplexity.map(|v| v.to_string())),
                     record.elapsed_s.to_string(),
+                    opt(record.perplexity.map(|v| v.to_string())),
                 ]
                 .join(",")
             }
@@ -124,7 +132,7 @@ impl MetricsFormat {
                 // The same record through serde: every cell as a JSON value of its column.
                 let mut object = serde_json::Map::new();
                 for (column, cell) in CSV_COLUMNS.iter().zip(cells) {
-                    let value = if cell.is_empty() {
+                    let value = if cell.is_empty() || matches!(cell, "NaN" | "inf" | "-inf") {
                         serde_json::Value::Null
                     } else if *column == "kind" {
                         serde_json::Value::String(cell.to_string())

@@ -102,6 +102,9 @@ struct TrainerState<O> {
     objective: O,
     config: TrainConfig,
     progress: Progress,
+    /// Training examples the run reads (its batches and data position refer to them).
+    #[serde(default)]
+    examples: Option<usize>,
 }
 
 type AdamOf<B, M> = OptimizerAdaptor<Adam, M, B>;
@@ -186,6 +189,16 @@ where
     ) -> Result<Self, TrainError> {
         verify_manifest(dir)?;
         let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
+        if let Some(n) = state.examples.filter(|&n| n != examples.len()) {
+            return Err(TrainError::checkpoint(
+                dir.join(TRAINER_FILE),
+                format!(
+                    "written for {n} training examples, resumed with {}: resume on the same \
+                     data, or start a new run",
+                    examples.len()
+                ),
+            ));
+        }
         state.config.check()?;
         state.objective.check()?;
         let model =
@@ -370,8 +383,9 @@ where
             })
             .sum();
         // Dropout draws from the backend's generator: reseeded per step, a resumed run draws
-        // what an uninterrupted one would. Data-parallel replicas draw their own masks (replica
-        // 0 draws the single-process ones), not one pattern laid over every replica's rows.
+        // what an uninterrupted one would. Data-parallel replicas draw their own masks (seeded by
+        // their index), not one pattern laid over every replica's rows; dropout masks are
+        // therefore not those of a single process (the tests compare with dropout off).
         let replica = self
             .data_parallel
             .as_ref()

@@ -41,8 +41,8 @@ pub enum Event<'a> {
         /// Time since the run started.
         elapsed: Duration,
     },
-    /// The replicas of a data-parallel run hold the same parameters (checked at every
-    /// checkpoint; every replica reports it).
+    /// The replicas of a data-parallel run were found to hold the same parameters (checked at
+    /// every checkpoint; every replica reports it).
     Agreement {
         /// The step.
         step: usize,
@@ -209,6 +209,14 @@ where
             fs::create_dir_all(run_dir).map_err(|e| TrainError::io(run_dir, e))?;
         }
         let start_step = self.progress.step;
+        if let Some(run) = &self.data_parallel {
+            // The budget and cadence decide which collective calls a replica makes (the time
+            // budget's, the checkpoints' agreement): replicas with other options would pair
+            // unrelated calls.
+            let options =
+                serde_json::to_vec(&self.config).map_err(|e| TrainError::io(run_dir, e))?;
+            run.agree(crate::data::fnv1a(&options), "the training configuration")?;
+        }
         observer.event(&Event::Started {
             progress: self.progress,
             target_steps: self.config.steps,
@@ -328,6 +336,7 @@ where
         let step = self.progress.step;
         if let Some(run) = &self.data_parallel {
             let fingerprint = parameter_fingerprint(self.model());
+            run.agree(fingerprint, &format!("the parameters at step {step}"))?;
             observer.event(&Event::Agreement {
                 step,
                 replica: run.replica(),
@@ -335,7 +344,6 @@ where
                 device: run.device_index(),
                 fingerprint,
             })?;
-            run.agree(fingerprint, &format!("the parameters at step {step}"))?;
         }
         if self.is_leader() {
             let dir = self.save_checkpoint(run_dir)?;

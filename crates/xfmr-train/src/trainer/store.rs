@@ -77,12 +77,13 @@ pub fn load_model<B: Backend, C: ModelConfig>(
     Ok(checkpoint::load::<B, C>(dir, device)?)
 }
 
-/// Saves a model for translation (no optimiser state) the way checkpoints are saved: into
+/// Saves a model for inference (no optimiser state) the way checkpoints are saved: into
 /// `dir.partial` with a manifest, then renamed to `dir` (an older `dir` is replaced), so
 /// [`load_model`] sees a complete model or none.
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] or [`ModelError::Io`] naming the file that could not be written.
+/// [`TrainError::Checkpoint`] or [`TrainError::Model`] naming the file that could not be
+/// written.
 pub fn save_model<B: Backend, C: ModelConfig>(
     model: &C::Model<B>,
     config: &C,
@@ -288,6 +289,7 @@ where
                 objective: self.objective.clone(),
                 config: self.config.clone(),
                 progress: self.progress,
+                examples: Some(self.examples.len()),
             };
             let json = serde_json::to_vec_pretty(&state)
                 .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;

@@ -4,6 +4,7 @@
 mod data;
 mod distributed;
 mod families;
+mod log;
 mod metrics;
 mod objective;
 mod tokenizer;
