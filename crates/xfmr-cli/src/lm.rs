@@ -21,7 +21,8 @@ use crate::spec::Task;
 use crate::translation::tokenizer_path;
 
 /// The task a run directory was trained for (the `task` of its `train-config.json`); a run
-/// without one (written before `--task` existed) is a translation run.
+/// with a model or checkpoints but no task (written before `--task` existed) is a translation
+/// run.
 pub(crate) fn run_task(run: &Path) -> Result<Task> {
     #[derive(serde::Deserialize)]
     struct Tagged {
@@ -29,7 +30,15 @@ pub(crate) fn run_task(run: &Path) -> Result<Task> {
     }
     let path = run.join("train-config.json");
     if !path.exists() {
-        return Ok(Task::Translation);
+        if run.join("model").is_dir() || run.join("checkpoints").is_dir() {
+            return Ok(Task::Translation);
+        }
+        bail!(
+            "{}: not a run of `xfmr train` (no train-config.json, model/ or checkpoints/; train \
+             one with `xfmr train --out {}`)",
+            run.display(),
+            run.display()
+        );
     }
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let tagged: Tagged = serde_json::from_str(&text).with_context(|| path.display().to_string())?;

@@ -111,6 +111,7 @@ pub struct TrainArgs {
     /// Metrics file format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub metrics: Format,
+    /// Data-parallel training.
     #[command(flatten)]
     pub parallel: crate::parallel::ParallelArgs,
 }
@@ -240,7 +241,8 @@ pub fn train<B: AutodiffBackend>(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-/// What the first replica of rank 0 observes: the progress bar and the metrics log.
+/// What the first replica of a process observes: the progress bar, and on rank 0 the metrics
+/// log.
 struct Leader {
     lines: ProgressLines,
     metrics: Option<MetricsLog>,

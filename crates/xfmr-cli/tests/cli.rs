@@ -617,7 +617,7 @@ fn objective_mlm_trains_fills_masks_and_embeds_from_the_cli() {
 mod train_custom;
 
 /// `examples/train_custom.rs`, the downstream example, trains on a small TSV file, prints its
-/// validation lines and leaves a final model; run again, it resumes and has nothing left to do.
+/// validation lines and leaves a final model; run again with a larger budget, it resumes.
 #[test]
 fn the_downstream_example_trains_on_a_tsv_file() {
     let dir = tempfile::tempdir().unwrap();

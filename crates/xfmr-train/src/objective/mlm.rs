@@ -6,7 +6,9 @@ use burn::config::Config;
 use burn::tensor::backend::Backend;
 use xfmr_models::EncoderOnlyConfig;
 
-use super::{check_ids, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective};
+use super::{
+    check_ids, check_length, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective,
+};
 use crate::data::SplitMix64;
 use crate::loss::label_smoothed_loss;
 use crate::TrainError;
@@ -145,7 +147,12 @@ impl Objective for MaskedLm {
     }
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
-        check_ids(example, self.model.vocab_size, self.model.pad_id)
+        check_ids(example, self.model.vocab_size, self.model.pad_id)?;
+        check_length(
+            example.len() + 2,
+            &self.model.layer.positions,
+            self.model.max_len,
+        )
     }
 
     fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {

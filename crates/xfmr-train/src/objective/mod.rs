@@ -134,6 +134,23 @@ pub(crate) fn check_special(
     })
 }
 
+/// Checks that a sequence of `len` tokens fits a learned position table of `max_len` rows
+/// (other position schemes have no bound).
+pub(crate) fn check_length(
+    len: usize,
+    positions: &xfmr_blocks::PositionEncoding,
+    max_len: usize,
+) -> Result<(), String> {
+    if matches!(positions, xfmr_blocks::PositionEncoding::Learned) && len > max_len {
+        Err(format!(
+            "{len} tokens (special ones included) exceed the model's learned position table of \
+             {max_len}"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Checks a label smoothing ε.
 pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
     if (0.0..1.0).contains(&epsilon) {

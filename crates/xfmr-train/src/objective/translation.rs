@@ -5,7 +5,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use xfmr_models::TransformerConfig;
 
-use super::{check_ids, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective};
+use super::{
+    check_ids, check_length, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective,
+};
 use crate::loss::label_smoothed_loss;
 use crate::TrainError;
 
@@ -103,7 +105,13 @@ impl Objective for Translation {
 
     fn check_example(&self, example: &Example) -> Result<(), String> {
         check_ids(&example.src, self.model.src_vocab_size, self.model.pad_id)?;
-        check_ids(&example.tgt, self.model.tgt_vocab_size, self.model.pad_id)
+        check_ids(&example.tgt, self.model.tgt_vocab_size, self.model.pad_id)?;
+        let (src, tgt) = self.lengths(example);
+        check_length(
+            src.max(tgt),
+            &self.model.layer.positions,
+            self.model.max_len,
+        )
     }
 
     fn lengths(&self, example: &Example) -> (usize, usize) {

@@ -16,7 +16,8 @@
 //!
 //! **Checkpoint layout.** `<run>/checkpoints/step-00000400/` holds `config.json` and `model.mpk`
 //! (as [`xfmr_models::checkpoint`] writes them), `optimizer.mpk` (burn's record of Adam's
-//! moments), `trainer.json` (the objective, the [`TrainConfig`] and the [`Progress`]) and
+//! moments), `trainer.json` (the objective, the [`TrainConfig`], the [`Progress`] and the number of training
+//! examples) and
 //! `manifest.json` (the size and FNV-1a hash of each file). A checkpoint is written into a
 //! `*.partial` directory and renamed when complete, and checked against its manifest before
 //! anything is decoded, so a killed writer, a truncated copy or a flipped byte is a
@@ -180,8 +181,8 @@ where
     /// same examples, with the objective and configuration saved there.
     ///
     /// # Errors
-    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, or one of
-    /// another objective, naming the file.
+    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, one of another
+    /// objective, or one written for another number of training examples, naming the file.
     pub fn resume(
         dir: &Path,
         examples: Vec<O::Example>,

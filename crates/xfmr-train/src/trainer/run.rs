@@ -17,8 +17,8 @@ use crate::distributed::DataParallel;
 use crate::objective::{ModelOf, Objective};
 
 /// What a run tells its observer, in order: `Started`, then per step `Step`, and when due
-/// `Agreement` (data-parallel replicas), `Validation` and `Checkpoint`, and at the end
-/// `Finished`.
+/// `Validation`, `Agreement` (data-parallel replicas, at each checkpoint) and `Checkpoint`, and
+/// at the end `Finished`.
 #[derive(Debug, Clone, Copy)]
 pub enum Event<'a> {
     /// The run starts (fresh, or resumed at `progress`).
@@ -149,7 +149,9 @@ where
     /// Trains data-parallel as one replica of `run` (see [`crate::distributed`]): every step
     /// then reads this replica's share of each micro-batch and sums the gradients over the
     /// replicas. All replicas must start from the same state (the same configuration and seed,
-    /// or the same checkpoint): this is checked here, against the others.
+    /// or the same checkpoint): the step to start from is checked here against the others,
+    /// the objective, configuration and batches when [`Trainer::run`] starts, the parameters at
+    /// every checkpoint.
     ///
     /// # Errors
     /// [`TrainError::Peer`] when the replicas start from different steps or do not answer.
@@ -189,7 +191,8 @@ where
     /// Runs the training to its budget (`config.steps`, and `config.minutes` when set) in run
     /// directory `run_dir`: validation on `valid` every `eval_every` steps, a checkpoint every
     /// `checkpoint_every` (both also after the last step), in a data-parallel run the replicas'
-    /// parameters compared at every checkpoint, then the average of the last `average`
+    /// objective, configuration and batches compared first and their parameters at every
+    /// checkpoint, then the average of the last `average`
     /// checkpoints saved as the final model in `<run_dir>/model`, and the data-parallel run
     /// left. Only the leader ([`Trainer::is_leader`]) validates and writes. Every event goes to
     /// `observer`.
@@ -211,11 +214,13 @@ where
         let start_step = self.progress.step;
         if let Some(run) = &self.data_parallel {
             // The budget and cadence decide which collective calls a replica makes (the time
-            // budget's, the checkpoints' agreement): replicas with other options would pair
-            // unrelated calls.
-            let options =
-                serde_json::to_vec(&self.config).map_err(|e| TrainError::io(run_dir, e))?;
-            run.agree(crate::data::fnv1a(&options), "the training configuration")?;
+            // budget's, the checkpoints' agreement), and the objective and the batches what
+            // their gradients mean: replicas that differ in any of them would pair unrelated
+            // calls or sum unrelated gradients.
+            run.agree(
+                self.recipe_fingerprint(),
+                "the objective, configuration and batches",
+            )?;
         }
         observer.event(&Event::Started {
             progress: self.progress,
@@ -224,10 +229,12 @@ where
             batches_per_epoch: self.batches.len(),
             leader,
         })?;
-        let deadline = self
-            .config
-            .minutes
-            .map(|m| started + Duration::from_secs_f64(m * 60.0));
+        // A budget too large for a `Duration` or an `Instant` is no budget.
+        let deadline = self.config.minutes.and_then(|m| {
+            Duration::try_from_secs_f64(m * 60.0)
+                .ok()
+                .and_then(|d| started.checked_add(d))
+        });
         let (mut stop, mut validation) = (Stop::Steps, None);
         let (mut evaluated, mut saved) = (false, false);
         while self.progress.step < self.config.steps {
@@ -291,6 +298,18 @@ where
         };
         observer.event(&Event::Finished(&summary))?;
         Ok(summary)
+    }
+
+    /// FNV-1a of the objective and the configuration (as JSON) and of the batches' example
+    /// indices.
+    fn recipe_fingerprint(&self) -> u64 {
+        let mut bytes = serde_json::to_vec(&(&self.objective, &self.config))
+            .expect("an objective and a configuration serialise");
+        for batch in &self.batches {
+            bytes.extend(batch.iter().flat_map(|&i| (i as u64).to_le_bytes()));
+            bytes.push(0xFF);
+        }
+        crate::data::fnv1a(&bytes)
     }
 
     /// Whether the time budget is spent: the leader's clock decides, and in a data-parallel run
