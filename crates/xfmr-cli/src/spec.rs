@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
-use xfmr::blocks::LayerConfig;
+use xfmr::blocks::{LayerConfig, NormPosition};
 use xfmr::models::{DecoderOnlyConfig, EncoderOnlyConfig, TransformerConfig};
 use xfmr_train::{CausalLm, MaskedLm, SubwordTokenizer, TrainConfig, Translation};
 
@@ -182,7 +182,11 @@ impl TrainArgs {
                 objective: MaskedLm::new(
                     EncoderOnlyConfig::new(
                         vocab,
-                        EncoderOnlyConfig::bert_layer(d_model, heads, d_ff).with_dropout(dropout),
+                        // Pre-norm: BERT's post-norm layers collapsed to unigram predictions
+                        // at this schedule's learning rate (docs/training.md).
+                        EncoderOnlyConfig::bert_layer(d_model, heads, d_ff)
+                            .with_norm_position(NormPosition::Pre)
+                            .with_dropout(dropout),
                         layers,
                     )
                     .with_max_len(self.max_len + 2)
