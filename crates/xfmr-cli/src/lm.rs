@@ -17,17 +17,13 @@ use xfmr_train::data::Pair;
 use xfmr_train::trainer::{self, FINAL_MODEL_DIR};
 use xfmr_train::SubwordTokenizer;
 
-use crate::spec::Task;
+use crate::spec::{read_task, Task};
 use crate::translation::tokenizer_path;
 
 /// The task a run directory was trained for (the `task` of its `train-config.json`); a run
 /// with a model or checkpoints but no task (written before `--task` existed) is a translation
 /// run.
 pub(crate) fn run_task(run: &Path) -> Result<Task> {
-    #[derive(serde::Deserialize)]
-    struct Tagged {
-        task: Option<Task>,
-    }
     let path = run.join("train-config.json");
     if !path.exists() {
         if run.join("model").is_dir() || run.join("checkpoints").is_dir() {
@@ -40,9 +36,7 @@ pub(crate) fn run_task(run: &Path) -> Result<Task> {
             run.display()
         );
     }
-    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
-    let tagged: Tagged = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
-    Ok(tagged.task.unwrap_or(Task::Translation))
+    Ok(read_task(&path)?.unwrap_or(Task::Translation))
 }
 
 /// The model of run `run`, which must be a `task` run: its averaged final model, else its last
@@ -85,6 +79,14 @@ pub(crate) fn load_run<B: Backend, C: ModelConfig>(
 fn prompt_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>> {
     let mut ids = vec![tokenizer.bos_id() as u32];
     ids.extend(tokenizer.encode(text)?.into_iter().map(|t| t as u32));
+    Ok(ids)
+}
+
+/// `[bos] + text + [eos]` ids: what the `mlm` run's encoder read in training.
+fn encoder_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<i64>> {
+    let mut ids = vec![tokenizer.bos_id() as i64];
+    ids.extend(tokenizer.encode(text)?.into_iter().map(|t| t as i64));
+    ids.push(tokenizer.eos_id() as i64);
     Ok(ids)
 }
 
@@ -194,9 +196,7 @@ pub(crate) fn fill_mask<B: Backend>(
     let mask = tokenizer
         .mask_id()
         .context("the run's vocabulary has no <mask> token")?;
-    let mut ids: Vec<i64> = vec![tokenizer.bos_id() as i64];
-    ids.extend(tokenizer.encode(text)?.into_iter().map(|t| t as i64));
-    ids.push(tokenizer.eos_id() as i64);
+    let ids = encoder_ids(tokenizer, text)?;
     let positions: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == mask as i64).collect();
     if positions.is_empty() {
         bail!("{text:?} has no {} to fill in", xfmr_train::tokenizer::MASK);
@@ -286,12 +286,7 @@ pub fn embed_run<B: Backend>(run: &Path, sentences: &[&str]) -> Result<Vec<Vec<f
     let device = Default::default();
     let rows = sentences
         .iter()
-        .map(|s| {
-            let mut ids = vec![tokenizer.bos_id() as i64];
-            ids.extend(tokenizer.encode(s)?.into_iter().map(|t| t as i64));
-            ids.push(tokenizer.eos_id() as i64);
-            Ok(ids)
-        })
+        .map(|s| encoder_ids(&tokenizer, s))
         .collect::<Result<Vec<_>>>()?;
     let len = rows.iter().map(Vec::len).max().unwrap_or(1);
     let pad = tokenizer.pad_id() as i64;

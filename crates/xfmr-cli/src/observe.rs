@@ -1,16 +1,15 @@
 //! What `xfmr train` shows while the library trains: the progress bar and the lines it prints
 //! (validation, the replicas' agreement), as an [`Observer`].
 
-use std::time::Instant;
-
 use indicatif::{ProgressBar, ProgressStyle};
+use xfmr_train::trainer::TokenRate;
 use xfmr_train::{Event, Observer, TrainError};
 
 /// The progress bar of a replica (hidden for all but the process's first), and the lines
 /// printed above it.
 pub(crate) struct ProgressLines {
     bar: ProgressBar,
-    window: (Instant, usize),
+    rate: TokenRate,
 }
 
 impl ProgressLines {
@@ -30,7 +29,7 @@ impl ProgressLines {
         );
         Self {
             bar,
-            window: (Instant::now(), 0),
+            rate: TokenRate::new(),
         }
     }
 
@@ -58,15 +57,10 @@ impl Observer for ProgressLines {
                     self.bar.set_length(target_steps as u64);
                 }
                 self.bar.set_position(progress.step as u64);
-                self.window = (Instant::now(), 0);
+                self.rate = TokenRate::new();
             }
             Event::Step { report, .. } => {
-                self.window.1 += report.input_tokens + report.target_tokens;
-                let seconds = self.window.0.elapsed().as_secs_f64().max(1e-9);
-                let rate = self.window.1 as f64 / seconds;
-                if seconds > 10.0 {
-                    self.window = (Instant::now(), 0);
-                }
+                let rate = self.rate.add(report.input_tokens + report.target_tokens);
                 self.bar.set_message(format!(
                     "loss {:.3}  {rate:.0} tok/s  lr {:.2e}  epoch {}",
                     report.loss, report.lr, report.epoch

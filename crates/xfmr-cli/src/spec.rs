@@ -230,12 +230,17 @@ pub(crate) fn read_spec(path: &Path, tokenizer: &SubwordTokenizer) -> Result<Run
 
 /// The task of a `--config` file, before the vocabulary exists.
 pub(crate) fn task_of(path: &Path) -> Result<Task> {
+    read_task(path)?
+        .with_context(|| format!("{}: no \"task\" (translation, lm or mlm)", path.display()))
+}
+
+/// The `task` of a `train-config.json`, if it names one.
+pub(crate) fn read_task(path: &Path) -> Result<Option<Task>> {
     #[derive(Deserialize)]
     struct Tagged {
-        task: Task,
+        task: Option<Task>,
     }
     let text = fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let tagged: Tagged = serde_json::from_str(&text)
-        .with_context(|| format!("{}: no \"task\" (translation, lm or mlm)", path.display()))?;
+    let tagged: Tagged = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
     Ok(tagged.task)
 }

@@ -171,6 +171,41 @@ pub fn read_metrics(path: &Path, format: MetricsFormat) -> Result<Vec<MetricReco
     Ok(records)
 }
 
+/// Tokens read per second over a window of about 10 s, restarted when a window is full: what
+/// the metrics log records and a progress display shows.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRate {
+    since: Instant,
+    tokens: usize,
+}
+
+impl Default for TokenRate {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TokenRate {
+    /// A window starting now.
+    pub fn new() -> Self {
+        Self {
+            since: Instant::now(),
+            tokens: 0,
+        }
+    }
+
+    /// Counts `tokens` more and returns the rate of the window so far.
+    pub fn add(&mut self, tokens: usize) -> f64 {
+        self.tokens += tokens;
+        let seconds = self.since.elapsed().as_secs_f64().max(1e-9);
+        let rate = self.tokens as f64 / seconds;
+        if seconds > 10.0 {
+            *self = Self::new();
+        }
+        rate
+    }
+}
+
 /// The observer that writes a run's metrics log: a training record per step, a validation
 /// record per validation. Each record is one write of one line, flushed. When the run starts at
 /// step `s` (a resume), the records after `s` (from steps the checkpoint does not hold) and a
@@ -180,8 +215,7 @@ pub struct MetricsLog {
     path: PathBuf,
     format: MetricsFormat,
     file: Option<fs::File>,
-    window: (Instant, usize),
-    rate: f64,
+    rate: TokenRate,
 }
 
 impl MetricsLog {
@@ -191,8 +225,7 @@ impl MetricsLog {
             path: format.path(run_dir),
             format,
             file: None,
-            window: (Instant::now(), 0),
-            rate: 0.0,
+            rate: TokenRate::new(),
         }
     }
 
@@ -229,7 +262,7 @@ impl MetricsLog {
             .open(&self.path)
             .map_err(|e| TrainError::io(&self.path, e))?;
         self.file = Some(file);
-        self.window = (Instant::now(), 0);
+        self.rate = TokenRate::new();
         Ok(())
     }
 
@@ -255,12 +288,7 @@ impl Observer for MetricsLog {
             } if leader => self.open(progress.step),
             Event::Step { report, elapsed } if self.file.is_some() => {
                 let tokens = report.input_tokens + report.target_tokens;
-                self.window.1 += tokens;
-                let seconds = self.window.0.elapsed().as_secs_f64().max(1e-9);
-                self.rate = self.window.1 as f64 / seconds;
-                if seconds > 10.0 {
-                    self.window = (Instant::now(), 0);
-                }
+                let rate = self.rate.add(tokens);
                 self.append(&MetricRecord {
                     kind: MetricKind::Train,
                     step: report.step,
@@ -269,7 +297,7 @@ impl Observer for MetricsLog {
                     nll: report.nll,
                     lr: Some(report.lr),
                     tokens: Some(tokens),
-                    tokens_per_s: Some(self.rate.round()),
+                    tokens_per_s: Some(rate.round()),
                     perplexity: None,
                     elapsed_s: elapsed.as_secs_f64(),
                 })

@@ -58,7 +58,7 @@ use batch::{batches_of, draw};
 pub use batch::{evaluate_loss, EvalLoss};
 pub use config::TrainConfig;
 pub use error::TrainError;
-pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog};
+pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{
     average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
