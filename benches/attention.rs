@@ -22,7 +22,9 @@ const HEADS: usize = 8;
 fn bench_backend<B: Backend>(c: &mut Criterion, backend: &str) {
     let device = B::Device::default();
     let x = Tensor::<B, 3>::random([BATCH, SEQ, D_MODEL], Distribution::Default, &device);
-    let ours = MultiHeadAttentionConfig::new(D_MODEL, HEADS).init::<B>(&device);
+    let ours = MultiHeadAttentionConfig::new(D_MODEL, HEADS)
+        .init::<B>(&device)
+        .unwrap();
     let mut ours_fused = ours.clone();
     ours_fused.kernel = AttentionKernel::Fused;
     let theirs = burn::nn::attention::MultiHeadAttentionConfig::new(D_MODEL, HEADS)

@@ -29,7 +29,7 @@ use burn::nn::attention::generate_autoregressive_mask;
 use burn::nn::transformer::{TransformerDecoderConfig, TransformerDecoderInput};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use xfmr::blocks::{DecoderInput, LayerConfig, StackConfig};
+use xfmr::blocks::{DecoderStepInput, LayerConfig, StackConfig};
 use xfmr::models::{DecoderOnlyConfig, GenerationOptions};
 
 const STEPS: usize = 256;
@@ -111,7 +111,7 @@ fn xfmr_stack<B: Backend>(device: &B::Device, steps: usize) -> Profile {
             .map(|t| {
                 let start = Instant::now();
                 let out = decoder.step(
-                    DecoderInput::new(inputs.clone().narrow(1, t, 1)),
+                    DecoderStepInput::new(inputs.clone().narrow(1, t, 1)),
                     &mut cache,
                 );
                 let _ = out.hidden.into_data();

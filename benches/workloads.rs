@@ -90,9 +90,13 @@ fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_tra
         .with_steps(1_000_000)
         .with_max_tokens(2000)
         .with_warmup(150);
-    let mut trainer =
-        Trainer::<B>::new(Translation::new(model), config, examples.to_vec(), &device)
-            .expect("a valid configuration");
+    let mut trainer = Trainer::<B>::new(
+        Translation::new(model, 1, 2),
+        config,
+        examples.to_vec(),
+        &device,
+    )
+    .expect("a valid configuration");
     let mut group = c.benchmark_group("w3_train_step_cpu_preset");
     group.sample_size(10);
     group.measurement_time(Duration::from_secs(20));

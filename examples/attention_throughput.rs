@@ -35,7 +35,9 @@ fn run<B: Backend>(backend: &str, dims: [usize; 4], iters: usize) {
     let [batch, seq, d_model, heads] = dims;
     let device = B::Device::default();
     let x = Tensor::<B, 3>::random([batch, seq, d_model], Distribution::Default, &device);
-    let mut ours = MultiHeadAttentionConfig::new(d_model, heads).init::<B>(&device);
+    let mut ours = MultiHeadAttentionConfig::new(d_model, heads)
+        .init::<B>(&device)
+        .unwrap();
     let theirs = burn::nn::attention::MultiHeadAttentionConfig::new(d_model, heads)
         .with_dropout(0.0)
         .init::<B>(&device);

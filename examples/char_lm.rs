@@ -80,10 +80,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_dropout(0.1);
     let model = DecoderOnlyConfig::new(chars.len() + FIRST_CHAR as usize, layer, 3)
         .with_max_len(400) // the longest verse has 330 characters
-        .with_pad_id(PAD as usize);
-    let objective = CausalLm::new(model)
-        .with_bos_id(BOS as usize)
-        .with_eos_id(EOS as usize);
+        .with_pad_id(PAD);
+    let objective = CausalLm::new(model, BOS, EOS);
     let config = TrainConfig::new()
         .with_steps(steps)
         .with_max_tokens(2048)

@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let question = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "What is the capital of France?".into());
-    let path = fetch::fetch_smollm2(&xfmr_models::fetch::default_cache_dir())?;
+    let path = fetch::fetch_smollm2(&fetch::default_cache_dir())?;
     let lm = LanguageModel::<Flex>::from_file(&path, &Default::default())?;
     let prompt = lm.chat_prompt(&[Message::new("user", &question)])?;
     let mut stdout = std::io::stdout();

@@ -49,7 +49,9 @@ pub fn train(tsv: &Path, run_dir: &Path, steps: usize) -> Result<RunSummary, Box
         tokenizer.save(&vocabulary)?;
         tokenizer
     };
-    let objective = Translation::new(TransformerConfig::tiny(tokenizer.vocab_size()));
+    // Every special id (padding, start, end) from the tokenizer.
+    let objective =
+        Translation::for_tokenizer(TransformerConfig::tiny(tokenizer.vocab_size()), &tokenizer);
     let config = TrainConfig::new()
         .with_steps(steps)
         .with_max_tokens(1000)

@@ -70,7 +70,9 @@ fn w1<B: Backend>(backend: &str, iters: usize) {
     let (batch, seq, d_model, heads) = (8, 256, 512, 8);
     let device = B::Device::default();
     let x = Tensor::<B, 3>::random([batch, seq, d_model], Distribution::Default, &device);
-    let mha = MultiHeadAttentionConfig::new(d_model, heads).init::<B>(&device);
+    let mha = MultiHeadAttentionConfig::new(d_model, heads)
+        .init::<B>(&device)
+        .unwrap();
     let secs = median_secs(iters, || {
         let _ = mha
             .forward(MhaInput::self_attn(x.clone()))

@@ -1,16 +1,16 @@
-//! Key/value cache for incremental decoding.
+//! What attention keeps across decoding steps: the self-attention [`KvCache`], which grows by
+//! the new tokens at every step, and the cross-attention [`ProjectedMemory`], the encoder memory
+//! projected once.
 
 use burn::tensor::{backend::Backend, Int, Tensor};
 
 use crate::AttentionError;
 
-/// Projected keys and values of one attention layer, kept across decoding steps.
-///
-/// - For **self-attention** ([`crate::MultiHeadAttention::forward_cached`]) each step appends the
-///   new tokens' keys and values; the past is never recomputed, so step `t` costs `O(t)`
-///   attention work (one query row against `t` keys) plus the `O(t)` copy of the append.
-/// - For **cross-attention** ([`crate::MultiHeadAttention::project_memory`]) the encoder memory is
-///   projected once and reused by every step.
+/// Projected keys and values of one self-attention layer, kept across decoding steps
+/// ([`crate::MultiHeadAttention::forward_cached`]): each step appends the new tokens' keys and
+/// values; the past is never recomputed, so step `t` costs `O(t)` attention work (one query row
+/// against `t` keys) plus the `O(t)` copy of the append. (Cross-attention's keys and values do
+/// not grow: they are a [`ProjectedMemory`].)
 ///
 /// Entries are stored per key/value head, *before* grouped-query heads are repeated.
 ///
@@ -38,15 +38,7 @@ impl<B: Backend> KvCache<B> {
     /// # Panics
     /// If the shapes of `keys` and `values` differ in batch, heads or length.
     pub fn from_parts(keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
-        let [kb, kh, kl, _] = keys.dims();
-        let [vb, vh, vl, _] = values.dims();
-        assert_eq!(
-            [kb, kh, kl],
-            [vb, vh, vl],
-            "KvCache: keys {:?} and values {:?} disagree",
-            keys.dims(),
-            values.dims()
-        );
+        assert_pair("KvCache", &keys, &values);
         Self {
             entries: Some((keys, values)),
         }
@@ -131,4 +123,75 @@ impl<B: Backend> KvCache<B> {
     pub fn clear(&mut self) {
         self.entries = None;
     }
+}
+
+/// The encoder memory projected once into one cross-attention layer's keys and values
+/// ([`crate::MultiHeadAttention::project_memory`]), attended by every decoding step through
+/// [`crate::MhaInput::cross_projected`]. Unlike a [`KvCache`] it never grows.
+///
+/// # Shapes
+/// - `keys`, `values`: `[batch, n_kv_heads, seq_src, d_k]`
+#[derive(Debug, Clone)]
+pub struct ProjectedMemory<B: Backend> {
+    keys: Tensor<B, 4>,
+    values: Tensor<B, 4>,
+}
+
+impl<B: Backend> ProjectedMemory<B> {
+    /// Projected keys and values `[batch, n_kv_heads, seq_src, d_k]`.
+    ///
+    /// # Panics
+    /// If `keys` and `values` differ in batch, heads or length.
+    pub fn new(keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
+        assert_pair("ProjectedMemory", &keys, &values);
+        Self { keys, values }
+    }
+
+    /// Number of source positions.
+    pub fn len(&self) -> usize {
+        self.keys.dims()[2]
+    }
+
+    /// Whether the memory has no positions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The batch size.
+    pub fn batch_size(&self) -> usize {
+        self.keys.dims()[0]
+    }
+
+    /// Keys `[batch, n_kv_heads, seq_src, d_k]`.
+    pub fn keys(&self) -> &Tensor<B, 4> {
+        &self.keys
+    }
+
+    /// Values `[batch, n_kv_heads, seq_src, d_k]`.
+    pub fn values(&self) -> &Tensor<B, 4> {
+        &self.values
+    }
+
+    /// Reorders (or repeats) the batch: row `i` of the result is row `indices[i]` now (beam
+    /// search).
+    ///
+    /// # Shapes
+    /// - `indices`: `[new_batch]`, values in `0..batch`
+    pub fn reorder(&mut self, indices: Tensor<B, 1, Int>) {
+        self.keys = self.keys.clone().select(0, indices.clone());
+        self.values = self.values.clone().select(0, indices);
+    }
+}
+
+/// Keys and values `[batch, heads, len, d]` agree in batch, heads and length.
+fn assert_pair<B: Backend>(what: &str, keys: &Tensor<B, 4>, values: &Tensor<B, 4>) {
+    let [kb, kh, kl, _] = keys.dims();
+    let [vb, vh, vl, _] = values.dims();
+    assert_eq!(
+        [kb, kh, kl],
+        [vb, vh, vl],
+        "{what}: keys {:?} and values {:?} disagree",
+        keys.dims(),
+        values.dims()
+    );
 }

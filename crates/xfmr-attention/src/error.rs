@@ -96,7 +96,7 @@ pub enum AttentionError {
     /// Cross-attention was given to a self-attention cache.
     #[error(
         "a key/value cache serves self-attention only: for cross-attention, project the memory \
-         once with `project_memory` and attend with `forward_projected`"
+         once with `project_memory` and attend with `MhaInput::cross_projected`"
     )]
     CachedCrossAttention,
     /// Truncating a cache to more entries than it holds.

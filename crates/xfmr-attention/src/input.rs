@@ -1,11 +1,26 @@
 //! The input of [`MultiHeadAttention`](crate::MultiHeadAttention): what attends to what,
 //! under which mask, built with chained methods.
+//!
+//! **The mask rule** (the same for every input type of the workspace): each mask given to an
+//! input is *added*: the positions it ignores are ignored on top of those already ignored
+//! (the union of the masks, [`AttnMask::union`]); nothing ever replaces a mask set before.
 
 use std::sync::Arc;
 
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::{AttnMask, QkRotation};
+use crate::{AttnMask, ProjectedMemory, QkRotation};
+
+/// Where the keys and values of an [`MhaInput`] come from.
+#[derive(Debug, Clone)]
+pub(crate) enum Keys<B: Backend> {
+    /// From the queries' own sequence (self-attention).
+    Own,
+    /// Projected from the memory in this call (cross-attention).
+    Memory(Tensor<B, 3>),
+    /// Projected from the memory before (cross-attention while decoding).
+    Projected(ProjectedMemory<B>),
+}
 
 /// Input of [`MultiHeadAttention`](crate::MultiHeadAttention): what attends to what, under which mask.
 ///
@@ -23,7 +38,7 @@ use crate::{AttnMask, QkRotation};
 #[derive(Debug, Clone)]
 pub struct MhaInput<B: Backend> {
     pub(crate) query: Tensor<B, 3>,
-    pub(crate) memory: Option<Tensor<B, 3>>,
+    pub(crate) keys: Keys<B>,
     pub(crate) mask: Option<AttnMask<B>>,
     pub(crate) bias: Option<Tensor<B, 4>>,
     pub(crate) rotation: Option<Arc<dyn QkRotation<B>>>,
@@ -36,7 +51,7 @@ impl<B: Backend> MhaInput<B> {
     pub fn self_attn(x: Tensor<B, 3>) -> Self {
         Self {
             query: x,
-            memory: None,
+            keys: Keys::Own,
             mask: None,
             bias: None,
             rotation: None,
@@ -49,26 +64,31 @@ impl<B: Backend> MhaInput<B> {
     /// `memory` `[batch, seq_k, d_model]`.
     pub fn cross(query: Tensor<B, 3>, memory: Tensor<B, 3>) -> Self {
         Self {
-            memory: Some(memory),
+            keys: Keys::Memory(memory),
             ..Self::self_attn(query)
         }
     }
 
-    /// Adds a mask (`true` = ignored); combined with any mask already set.
+    /// Cross-attention over a memory projected beforehand
+    /// ([`MultiHeadAttention::project_memory`](crate::MultiHeadAttention::project_memory)): the
+    /// cross-attention of a decoding step. Queries from `query` `[batch, new, d_model]`, keys
+    /// and values from `memory` `[batch, n_kv_heads, seq_src, d_k]`.
+    pub fn cross_projected(query: Tensor<B, 3>, memory: ProjectedMemory<B>) -> Self {
+        Self {
+            keys: Keys::Projected(memory),
+            ..Self::self_attn(query)
+        }
+    }
+
+    /// Adds a mask (`true` = ignored): the union with any mask already set (the mask rule).
     pub fn mask(mut self, mask: AttnMask<B>) -> Self {
-        self.mask = Some(match self.mask {
-            Some(existing) => existing.union(mask),
-            None => mask,
-        });
+        AttnMask::add_to(&mut self.mask, mask);
         self
     }
 
-    /// Adds an optional mask (`true` = ignored).
+    /// Adds an optional mask (`true` = ignored), as [`mask`](Self::mask) when it is some.
     pub fn mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
-        match mask {
-            Some(mask) => self.mask(mask),
-            None => self,
-        }
+        mask.into_iter().fold(self, Self::mask)
     }
 
     /// Makes the attention causal (look-ahead mask, see [`AttnMask::causal`]).

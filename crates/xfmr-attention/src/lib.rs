@@ -12,8 +12,11 @@
 //!   whose keys are all ignored yields a zero row, never NaN.
 //! - [`MultiHeadAttention`]: self- and cross-attention, grouped key/value heads, per-projection
 //!   bias switches, optional weights, PyTorch import ([`MultiHeadAttention::load_torch`]).
-//! - [`KvCache`]: keys/values kept across incremental decoding steps; reorderable along the batch
-//!   (beam search) and truncatable.
+//! - [`KvCache`]: self-attention keys/values kept across incremental decoding steps;
+//!   reorderable along the batch (beam search) and truncatable. [`ProjectedMemory`]: the encoder
+//!   memory projected once for a decoding step's cross-attention.
+//! - Inputs ([`MhaInput`]) follow **one mask rule**: every mask given is added to those already
+//!   set (their union); none replaces another. The blocks' inputs follow it too.
 //!
 //! This crate knows nothing of positions, blocks or models: the higher xfmr crates build on it.
 //!
@@ -23,7 +26,7 @@
 //! use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
 //!
 //! let device = Default::default();
-//! let mha = MultiHeadAttentionConfig::new(16, 4).init::<NdArray>(&device);
+//! let mha = MultiHeadAttentionConfig::new(16, 4).init::<NdArray>(&device).unwrap();
 //! let x = Tensor::<NdArray, 3>::random([2, 3, 16], burn::tensor::Distribution::Default, &device);
 //!
 //! // One causal pass over the sequence...
@@ -41,9 +44,6 @@
 #![warn(missing_docs)]
 
 mod cache;
-#[cfg(feature = "flex")]
-#[allow(unsafe_code)]
-mod cpu;
 mod error;
 mod input;
 mod mask;
@@ -52,9 +52,7 @@ mod rotation;
 mod sdpa;
 mod torch;
 
-pub use cache::KvCache;
-#[cfg(feature = "flex")]
-pub use cpu::exp_nonpositive;
+pub use cache::{KvCache, ProjectedMemory};
 pub use error::AttentionError;
 pub use input::MhaInput;
 pub use mask::AttnMask;

@@ -159,6 +159,21 @@ impl<B: Backend> AttnMask<B> {
         }
     }
 
+    /// Adds `mask` to the optional mask in `slot`: their union, or `mask` when the slot is
+    /// empty. Every input type of the workspace (attention options, multi-head attention, the
+    /// blocks' stacks) adds masks through this, **the one mask rule**: a mask given never
+    /// replaces one set before.
+    ///
+    /// # Panics
+    /// As [`union`](Self::union): if the two masks' shapes do not broadcast together (a mask
+    /// alone is checked against the scores by the attention call, which returns the error).
+    pub fn add_to(slot: &mut Option<Self>, mask: Self) {
+        *slot = Some(match slot.take() {
+            Some(existing) => existing.union(mask),
+            None => mask,
+        });
+    }
+
     /// Keeps (or repeats) rows along the batch: row `i` of the result is row `indices[i]` of
     /// this mask (beam search following its surviving hypotheses). A mask shared by the batch
     /// (stored batch 1) is returned as it is.

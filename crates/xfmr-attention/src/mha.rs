@@ -17,10 +17,11 @@ use burn::module::{Initializer, Module};
 use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
+use crate::input::Keys;
 use crate::sdpa::{
     scaled_dot_product_attention, AttentionKernel, AttentionOptions, AttentionOutput,
 };
-use crate::{AttentionError, AttnMask, KvCache, MhaInput, QkRotation};
+use crate::{AttentionError, AttnMask, KvCache, MhaInput, ProjectedMemory, QkRotation};
 
 /// Configuration of [`MultiHeadAttention`].
 #[derive(Config, Debug)]
@@ -101,7 +102,7 @@ impl MultiHeadAttentionConfig {
     ///
     /// # Errors
     /// As [`validate`](Self::validate).
-    pub fn try_init<B: Backend>(
+    pub fn init<B: Backend>(
         &self,
         device: &B::Device,
     ) -> Result<MultiHeadAttention<B>, AttentionError> {
@@ -126,16 +127,6 @@ impl MultiHeadAttentionConfig {
             dropout: self.dropout,
             kernel: self.kernel,
         })
-    }
-
-    /// Builds the layer.
-    ///
-    /// # Panics
-    /// If the configuration is invalid (see [`validate`](Self::validate)); use
-    /// [`try_init`](Self::try_init) to get the error instead.
-    pub fn init<B: Backend>(&self, device: &B::Device) -> MultiHeadAttention<B> {
-        self.try_init(device)
-            .unwrap_or_else(|e| panic!("invalid MultiHeadAttentionConfig: {e}"))
     }
 }
 
@@ -176,7 +167,9 @@ impl<B: Backend> MultiHeadAttention<B> {
     ///
     /// # Shapes
     /// - `input.query`: `[batch, seq_q, d_model]`
-    /// - `input.memory` (cross-attention): `[batch, seq_k, d_model]`; self-attention: `seq_k = seq_q`
+    /// - the memory of [`MhaInput::cross`]: `[batch, seq_k, d_model]`; of
+    ///   [`MhaInput::cross_projected`]: `[batch, n_kv_heads, seq_k, d_k]`; self-attention:
+    ///   `seq_k = seq_q`
     /// - mask: broadcastable to `[batch, n_heads, seq_q, seq_k]`
     /// - output `context`: `[batch, seq_q, d_model]`; `weights`: `[batch, n_heads, seq_q, seq_k]`
     ///
@@ -194,21 +187,23 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// for a mask or bias that does not broadcast to the scores.
     pub fn try_forward(&self, input: MhaInput<B>) -> Result<MhaOutput<B>, AttentionError> {
         let [batch, seq_q, _] = self.check_query(&input.query)?;
-        if input.memory.is_some() && input.rotation.is_some() {
+        if !matches!(input.keys, Keys::Own) && input.rotation.is_some() {
             return Err(AttentionError::RotaryCrossAttention);
         }
-        let source = match &input.memory {
-            Some(memory) => {
+        let (key, value) = match &input.keys {
+            Keys::Own => self.project_keys(input.query.clone()),
+            Keys::Memory(memory) => {
                 self.check_memory(memory, batch)?;
-                memory.clone()
+                self.project_keys(memory.clone())
             }
-            None => input.query.clone(),
+            Keys::Projected(memory) => {
+                self.check_projected(memory, &input.query)?;
+                (memory.keys().clone(), memory.values().clone())
+            }
         };
-        let seq_k = source.dims()[1];
+        let seq_k = key.dims()[2];
         self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
         let query = self.project(input.query, &self.query, self.n_heads);
-        let key = self.project(source.clone(), &self.key, self.n_kv_heads);
-        let value = self.project(source, &self.value, self.n_kv_heads);
         let (query, key) = rotate(input.rotation.as_deref(), query, key, 0);
         let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &key.device());
         self.attend(query, key, value, mask, input.bias, input.need_weights)
@@ -222,7 +217,7 @@ impl<B: Backend> MultiHeadAttention<B> {
     ///
     /// Cross-attention while decoding projects the memory once
     /// ([`project_memory`](Self::project_memory)) and attends over it with
-    /// [`forward_projected`](Self::forward_projected).
+    /// [`forward`](Self::forward) and [`MhaInput::cross_projected`].
     ///
     /// # Shapes
     /// - `input.query`: `[batch, new, d_model]`
@@ -256,7 +251,7 @@ impl<B: Backend> MultiHeadAttention<B> {
                 expected: format!("batch {cached} to match the key/value cache"),
             });
         }
-        if input.memory.is_some() {
+        if !matches!(input.keys, Keys::Own) {
             return Err(AttentionError::CachedCrossAttention);
         }
         let device = input.query.device();
@@ -275,82 +270,22 @@ impl<B: Backend> MultiHeadAttention<B> {
     }
 
     /// Projects encoder memory into keys and values once, for cross-attention over many
-    /// decoding steps.
+    /// decoding steps ([`MhaInput::cross_projected`]).
     ///
     /// # Shapes
-    /// - `memory`: `[batch, seq_k, d_model]`
-    /// - cache entries: `[batch, n_kv_heads, seq_k, d_k]`
-    pub fn project_memory(&self, memory: Tensor<B, 3>) -> KvCache<B> {
-        let key = self.project(memory.clone(), &self.key, self.n_kv_heads);
-        let value = self.project(memory, &self.value, self.n_kv_heads);
-        KvCache::from_parts(key, value)
+    /// - `memory`: `[batch, seq_src, d_model]`
+    /// - keys and values: `[batch, n_kv_heads, seq_src, d_k]`
+    pub fn project_memory(&self, memory: Tensor<B, 3>) -> ProjectedMemory<B> {
+        let (key, value) = self.project_keys(memory);
+        ProjectedMemory::new(key, value)
     }
 
-    /// Attention of new queries over keys/values projected beforehand (see
-    /// [`try_forward_projected`](Self::try_forward_projected), whose shapes apply).
-    ///
-    /// # Panics
-    /// On a shape mismatch, with the message of the error.
-    pub fn forward_projected(&self, input: MhaInput<B>, memory: &KvCache<B>) -> MhaOutput<B> {
-        self.try_forward_projected(input, memory)
-            .unwrap_or_else(|e| panic!("MultiHeadAttention::forward_projected: {e}"))
-    }
-
-    /// Attention of new queries over keys/values projected beforehand
-    /// ([`project_memory`](Self::project_memory)): the cross-attention of a decoding step, where
-    /// the encoder memory was projected once when decoding started. `memory` holds the
-    /// projected keys/values and is not changed; `input` must be built with
-    /// [`MhaInput::self_attn`] over the queries (its mask covers the memory's keys).
-    ///
-    /// # Shapes
-    /// - `input.query`: `[batch, new, d_model]`
-    /// - `memory`: `[batch, n_kv_heads, seq_k, d_k]`
-    /// - mask: broadcastable to `[batch, n_heads, new, seq_k]`
-    /// - output `context`: `[batch, new, d_model]`; `weights`: `[batch, n_heads, new, seq_k]`
-    ///
-    /// # Errors
-    /// [`AttentionError::InputShape`] for a wrong width, a batch other than the memory's or an
-    /// empty memory; [`AttentionError::MaskShape`] for a mask that does not broadcast;
-    /// [`AttentionError::RotaryCrossAttention`] if the input asks for rotary positions.
-    pub fn try_forward_projected(
-        &self,
-        input: MhaInput<B>,
-        memory: &KvCache<B>,
-    ) -> Result<MhaOutput<B>, AttentionError> {
-        let [batch, seq_q, _] = self.check_query(&input.query)?;
-        if input.rotation.is_some() {
-            return Err(AttentionError::RotaryCrossAttention);
-        }
-        let (Some(key), Some(value)) = (memory.keys(), memory.values()) else {
-            return Err(AttentionError::InputShape {
-                what: "memory",
-                actual: vec![0],
-                expected: "projected keys/values (an empty cache was given)".into(),
-            });
-        };
-        if memory.batch_size() != Some(batch) {
-            return Err(AttentionError::InputShape {
-                what: "query",
-                actual: input.query.dims().to_vec(),
-                expected: format!(
-                    "batch {:?} to match the projected memory",
-                    memory.batch_size()
-                ),
-            });
-        }
-        let seq_k = memory.len();
-        self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
-        let device = input.query.device();
-        let query = self.project(input.query, &self.query, self.n_heads);
-        let mask = with_causal(input.mask, input.causal, seq_q, seq_k, &device);
-        self.attend(
-            query,
-            key.clone(),
-            value.clone(),
-            mask,
-            input.bias,
-            input.need_weights,
-        )
+    /// Keys and values of `source` `[batch, seq, d_model]`, `[batch, n_kv_heads, seq, d_k]`
+    /// each.
+    fn project_keys(&self, source: Tensor<B, 3>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let key = self.project(source.clone(), &self.key, self.n_kv_heads);
+        let value = self.project(source, &self.value, self.n_kv_heads);
+        (key, value)
     }
 
     /// `x W + b`, split into heads.
@@ -425,6 +360,35 @@ impl<B: Backend> MultiHeadAttention<B> {
                 what: "memory",
                 actual: memory.dims().to_vec(),
                 expected: format!("[{batch}, seq_k, {}]", self.d_model),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_projected(
+        &self,
+        memory: &ProjectedMemory<B>,
+        query: &Tensor<B, 3>,
+    ) -> Result<(), AttentionError> {
+        let [_, heads, seq_src, d_k] = memory.keys().dims();
+        let d_v = memory.values().dims()[3];
+        let batch = query.dims()[0];
+        if memory.batch_size() != batch
+            || heads != self.n_kv_heads
+            || d_k != self.d_k
+            || d_v != self.d_k
+            || seq_src == 0
+        {
+            return Err(AttentionError::InputShape {
+                what: "projected memory",
+                actual: memory.keys().dims().to_vec(),
+                expected: format!(
+                    "keys and values [{batch}, {}, seq_src ≥ 1, {}] to match the query {:?} and \
+                     this layer",
+                    self.n_kv_heads,
+                    self.d_k,
+                    query.dims()
+                ),
             });
         }
         Ok(())

@@ -8,9 +8,12 @@
 //! optional additive bias (ALiBi, relative positions).
 //!
 //! Three paths compute it:
-//! - [`attention_reference`] materialises the normalised weights with a masked softmax written out
-//!   in plain tensor ops. It is the slow, obviously-correct path, and the one used whenever weights
-//!   are requested or attention dropout is active.
+//! - [`attention_reference`] materialises the normalised weights: scores filled at ignored keys,
+//!   burn's `softmax`, fully ignored rows zeroed, grouped heads selected per query head. It shares
+//!   no helper with the fast paths but the default scale (so tests comparing them check each
+//!   path's masking and grouping independently); it is the
+//!   slow, obviously-correct path, and the one used whenever weights are requested or attention
+//!   dropout is active.
 //! - [`attention_fused`] calls burn's fused `burn::tensor::module::attention` (a flash-style
 //!   kernel on backends that have one, e.g. `flex` and the GPU backends) and never materialises
 //!   the weights.
@@ -19,8 +22,8 @@
 //!   `[seq_q, seq_k]` pass becomes a `[seq_q, d_v]` one. Measured faster than burn's fused op
 //!   on the ndarray and flex backends for moderate lengths (docs/benchmarks.md).
 //!
-//! On the `flex` backend (with this crate's `flex` feature) a fourth path, xfmr's own CPU kernel
-//! ([`AttentionKernel::Cpu`]), computes the whole of it per block of query rows without
+//! On the `flex` backend (with this crate's `flex` feature) a fourth path, xfmr's own host kernel
+//! ([`AttentionKernel::Flex`], in the internal `xfmr-kernels` crate), computes the whole of it per block of query rows without
 //! materialising the scores, reading the head-split views in place.
 //!
 //! [`scaled_dot_product_attention`] uses the reference path when it must and otherwise the
@@ -37,9 +40,10 @@
 //! wants equal head counts.
 
 use burn::nn::DropoutConfig;
+use burn::tensor::activation::softmax;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{backend::Backend, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
 use crate::mask::check_broadcast;
 use crate::{AttentionError, AttnMask};
@@ -48,7 +52,7 @@ use crate::{AttentionError, AttnMask};
 /// dropout is inactive.
 #[derive(burn::config::Config, Debug, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// [`Cpu`](Self::Cpu) where it runs (the `flex` backend, f32, not under autodiff); elsewhere
+    /// [`Flex`](Self::Flex) where it runs (the `flex` backend, f32, not under autodiff); elsewhere
     /// [`Decomposed`](Self::Decomposed) while one head's score matrix has at most
     /// [`AttentionKernel::AUTO_FUSED_ABOVE`] elements, [`Fused`](Self::Fused) above, where not
     /// materialising the scores matters more than speed at small sizes.
@@ -57,13 +61,13 @@ pub enum AttentionKernel {
     Fused,
     /// Two matrix products with late normalisation ([`attention_decomposed`]).
     Decomposed,
-    /// xfmr's own CPU kernel (`src/cpu.rs`): per (batch, head, block of query rows), the scores
-    /// block, a one-pass masked softmax with a vectorised `exp`, and the product with `V`, on
-    /// flex's thread pool; the scores are never materialised whole and the strided head views
-    /// are read in place. Runs on the `flex` backend in f32 outside autodiff, with the `flex`
-    /// feature of this crate (the facade's `flex` turns it on); elsewhere it resolves as
-    /// [`Auto`](Self::Auto) does.
-    Cpu,
+    /// xfmr's own kernel for burn's `flex` CPU backend (`xfmr_kernels::attention`): per
+    /// (batch, block of query rows), head after head, the scores block, a one-pass masked
+    /// softmax with a vectorised `exp`, and the product with `V`, on flex's thread pool; the
+    /// scores are never materialised whole and the strided head views are read in place. Runs
+    /// on the `flex` backend in f32 outside autodiff, with the `flex` feature of this crate (the
+    /// facade's `flex` turns it on); elsewhere it resolves as [`Auto`](Self::Auto) does.
+    Flex,
 }
 
 // Not derived: burn's `Config` derive does not accept the `#[default]` variant attribute.
@@ -79,26 +83,12 @@ impl AttentionKernel {
     pub const AUTO_FUSED_ABOVE: usize = 1 << 20;
 
     /// The concrete kernel for scores of `seq_q × seq_k` per head, on a backend where
-    /// [`Cpu`](Self::Cpu) does not run.
+    /// [`Flex`](Self::Flex) does not run.
     pub fn resolve(self, seq_q: usize, seq_k: usize) -> Self {
         match self {
-            Self::Auto | Self::Cpu if seq_q * seq_k > Self::AUTO_FUSED_ABOVE => Self::Fused,
-            Self::Auto | Self::Cpu => Self::Decomposed,
+            Self::Auto | Self::Flex if seq_q * seq_k > Self::AUTO_FUSED_ABOVE => Self::Fused,
+            Self::Auto | Self::Flex => Self::Decomposed,
             other => other,
-        }
-    }
-
-    /// Whether [`Cpu`](Self::Cpu) runs on backend `B` for tensors of `dtype`: with this crate's
-    /// `flex` feature, on `burn::backend::Flex` itself (f32, not under `Autodiff`).
-    pub fn cpu_supported<B: Backend>(dtype: burn::tensor::DType) -> bool {
-        #[cfg(feature = "flex")]
-        {
-            crate::cpu::supported::<B>(dtype)
-        }
-        #[cfg(not(feature = "flex"))]
-        {
-            let _ = dtype;
-            false
         }
     }
 }
@@ -136,15 +126,16 @@ impl<B: Backend> Default for AttentionOptions<B> {
 }
 
 impl<B: Backend> AttentionOptions<B> {
-    /// Sets the mask (`true` = ignored).
+    /// Adds a mask (`true` = ignored): the union with any mask already set (the crate's one
+    /// mask rule).
     pub fn with_mask(mut self, mask: AttnMask<B>) -> Self {
-        self.mask = Some(mask);
+        AttnMask::add_to(&mut self.mask, mask);
         self
     }
-    /// Sets an optional mask (`true` = ignored).
-    pub fn with_optional_mask(mut self, mask: Option<AttnMask<B>>) -> Self {
-        self.mask = mask;
-        self
+    /// Adds an optional mask (`true` = ignored), as [`with_mask`](Self::with_mask) when it is
+    /// some.
+    pub fn with_optional_mask(self, mask: Option<AttnMask<B>>) -> Self {
+        mask.into_iter().fold(self, Self::with_mask)
     }
     /// Sets the additive bias.
     pub fn with_bias(mut self, bias: Tensor<B, 4>) -> Self {
@@ -226,11 +217,14 @@ pub fn scaled_dot_product_attention<B: Backend>(
         return Ok(reference_unchecked(query, key, value, options));
     }
     #[cfg(feature = "flex")]
-    if matches!(options.kernel, AttentionKernel::Auto | AttentionKernel::Cpu)
-        && AttentionKernel::cpu_supported::<B>(query.dtype())
+    if matches!(
+        options.kernel,
+        AttentionKernel::Auto | AttentionKernel::Flex
+    ) && xfmr_kernels::runs_on::<B>(query.dtype())
     {
-        let context =
-            crate::cpu::attention(query, key, value, options.mask, options.bias, options.scale);
+        let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
+        let mask = options.mask.map(AttnMask::into_tensor);
+        let context = xfmr_kernels::attention(query, key, value, mask, options.bias, scale);
         return Ok(AttentionOutput {
             context,
             weights: None,
@@ -250,8 +244,9 @@ pub fn scaled_dot_product_attention<B: Backend>(
 /// The reference path: materialises `softmax(QKᵀ·s + M + A)`, applies dropout to it, multiplies
 /// by `V`. Always returns the weights.
 ///
-/// The softmax is the usual max-shifted one, with the row maximum clamped to a finite value and
-/// the denominator clamped away from zero, so that fully ignored rows give zero weights.
+/// Written independently of the other paths (their tests compare against it): grouped
+/// key/value heads are selected per query head, ignored scores are filled with `-∞`, burn's
+/// `softmax` normalises, and the rows with no finite score (every key ignored) are set to zero.
 ///
 /// # Shapes
 /// As [`scaled_dot_product_attention`].
@@ -348,26 +343,51 @@ fn check_inputs<B: Backend>(
     Ok(scores)
 }
 
+/// The reference path, built independently of the fast ones (it shares no helper with them but
+/// the one-line default scale): grouped key/value heads selected per query head, the ignored
+/// scores filled with `-∞`, burn's own `softmax`, and rows without any finite score (every key
+/// ignored, or biased to `-∞`) zeroed. Its agreement with the other paths therefore checks their
+/// masking, grouping and normalisation, not a restatement of them.
 fn reference_unchecked<B: Backend>(
     query: Tensor<B, 4>,
     key: Tensor<B, 4>,
     value: Tensor<B, 4>,
     options: AttentionOptions<B>,
 ) -> AttentionOutput<B> {
-    let scores = scores(query, key, options.mask, options.bias, options.scale);
-    let (numerator, denominator) = softmax_parts(scores);
-    let weights = numerator / denominator;
+    let [_, heads, _, d_k] = query.dims();
+    let heads_kv = key.dims()[1];
+    // Query head j reads key/value head j / (heads / heads_kv).
+    let shared: Vec<i64> = (0..heads)
+        .map(|j| (j / (heads / heads_kv)) as i64)
+        .collect();
+    let shared = Tensor::<B, 1, Int>::from_data(TensorData::new(shared, [heads]), &query.device());
+    let key = key.select(1, shared.clone());
+    let value = value.select(1, shared);
+    let scale = scale_or_default(options.scale, d_k);
+    let mut scores = query.matmul(key.swap_dims(2, 3)).mul_scalar(scale);
+    let shape = scores.dims();
+    if let Some(bias) = options.bias {
+        scores = scores + bias.expand(shape);
+    }
+    if let Some(mask) = options.mask {
+        scores = scores.mask_fill(mask.into_tensor().expand(shape), f32::NEG_INFINITY);
+    }
+    // Rows with no finite score: softmax would give NaN; they get zeros instead.
+    let empty = scores
+        .clone()
+        .max_dim(3)
+        .equal_elem(f32::NEG_INFINITY)
+        .expand(shape);
+    let weights = softmax(scores.mask_fill(empty.clone(), 0.0), 3).mask_fill(empty, 0.0);
     let weights = DropoutConfig::new(options.dropout).init().forward(weights);
-    // (B, h, Tq, Tk) @ (B, h_kv, Tk, d_v) -> (B, h, Tq, d_v)
-    let context = grouped_matmul(weights.clone(), value);
     AttentionOutput {
-        context,
+        context: weights.clone().matmul(value),
         weights: Some(weights),
     }
 }
 
 /// The scale of `QKᵀ`: the one given, or the paper's `1/√d_k`.
-pub(crate) fn scale_or_default(scale: Option<f64>, d_k: usize) -> f64 {
+fn scale_or_default(scale: Option<f64>, d_k: usize) -> f64 {
     scale.unwrap_or(1.0 / (d_k as f64).sqrt())
 }
 

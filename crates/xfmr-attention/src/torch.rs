@@ -95,7 +95,7 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// transposing every matrix to burn's layout.
     ///
     /// ```text
-    /// let mha = MultiHeadAttentionConfig::new(d_model, n_heads).init(&device)
+    /// let mha = MultiHeadAttentionConfig::new(d_model, n_heads).init(&device)?
     ///     .load_torch(TorchMhaWeights { in_proj_weight, in_proj_bias: Some(b), out_proj_weight,
     ///                                   out_proj_bias: Some(ob) })?;
     /// ```

@@ -2,7 +2,7 @@
 //! projected once for cross-attention.
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
-use xfmr_attention::{AttnMask, KvCache};
+use xfmr_attention::{AttnMask, KvCache, ProjectedMemory};
 
 /// An index tensor on `device`.
 fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 1, Int> {
@@ -11,7 +11,7 @@ fn index_tensor<B: Backend>(indices: &[usize], device: &B::Device) -> Tensor<B, 
 }
 
 /// Reorders every non-empty cache's batch by `indices`.
-fn reorder_layers<B: Backend>(layers: &mut [KvCache<B>], indices: &[usize]) {
+fn reorder_caches<B: Backend>(layers: &mut [KvCache<B>], indices: &[usize]) {
     let Some(device) = layers.iter().find_map(|c| c.keys().map(|k| k.device())) else {
         return; // nothing cached yet: nothing to reorder
     };
@@ -45,7 +45,7 @@ impl<B: Backend> CausalCache<B> {
 
     /// Reorders (or repeats) the batch: row `i` becomes old row `indices[i]` (beam search).
     pub fn reorder(&mut self, indices: &[usize]) {
-        reorder_layers(&mut self.layers, indices);
+        reorder_caches(&mut self.layers, indices);
     }
 
     /// Bytes held by the cached keys and values of all layers.
@@ -65,16 +65,20 @@ impl<B: Backend> CausalCache<B> {
 /// are identical: the cache remembers which source row each batch row reads and only gathers
 /// when that changes (the first expansion to `batch · beam` rows).
 #[derive(Debug, Clone)]
-pub struct CrossAttentionMemory<B: Backend> {
+pub struct CrossAttentionCache<B: Backend> {
     /// Projected keys/values of each layer, `[batch, n_kv_heads, seq_src, d_k]`.
-    pub layers: Vec<KvCache<B>>,
+    pub layers: Vec<ProjectedMemory<B>>,
     /// Source padding (`true` = ignored), broadcastable to `[batch, heads, 1, seq_src]`.
     pub mask: Option<AttnMask<B>>,
     sources: Vec<usize>,
 }
 
-impl<B: Backend> CrossAttentionMemory<B> {
-    pub(crate) fn new(layers: Vec<KvCache<B>>, mask: Option<AttnMask<B>>, batch: usize) -> Self {
+impl<B: Backend> CrossAttentionCache<B> {
+    pub(crate) fn new(
+        layers: Vec<ProjectedMemory<B>>,
+        mask: Option<AttnMask<B>>,
+        batch: usize,
+    ) -> Self {
         Self {
             layers,
             mask,
@@ -92,16 +96,18 @@ impl<B: Backend> CrossAttentionMemory<B> {
         if sources == self.sources {
             return; // every row still reads the same memory row: nothing to move
         }
-        reorder_layers(&mut self.layers, indices);
-        if let (Some(mask), Some(device)) = (
-            self.mask.take(),
-            self.layers
-                .first()
-                .and_then(|c| c.keys().map(|k| k.device())),
-        ) {
-            self.mask = Some(mask.select_batch(index_tensor::<B>(indices, &device)));
-        }
         self.sources = sources;
+        // A decoder has at least one layer (`StackConfig` refuses zero).
+        let Some(device) = self.layers.first().map(|m| m.keys().device()) else {
+            return;
+        };
+        let idx = index_tensor::<B>(indices, &device);
+        for layer in &mut self.layers {
+            layer.reorder(idx.clone());
+        }
+        if let Some(mask) = self.mask.take() {
+            self.mask = Some(mask.select_batch(idx));
+        }
     }
 }
 
@@ -112,8 +118,8 @@ impl<B: Backend> CrossAttentionMemory<B> {
 pub struct DecoderCache<B: Backend> {
     /// Self-attention keys/values of each layer, one entry per decoded position.
     pub self_attn: Vec<KvCache<B>>,
-    /// The memory, projected for each layer's cross-attention.
-    pub memory: CrossAttentionMemory<B>,
+    /// The encoder memory, projected for each layer's cross-attention.
+    pub cross: CrossAttentionCache<B>,
 }
 
 impl<B: Backend> DecoderCache<B> {
@@ -130,7 +136,7 @@ impl<B: Backend> DecoderCache<B> {
     /// Reorders (or repeats) the batch: row `i` becomes old row `indices[i]` (beam search).
     /// The projected memory moves only when a row changes source sentence.
     pub fn reorder(&mut self, indices: &[usize]) {
-        reorder_layers(&mut self.self_attn, indices);
-        self.memory.reorder(indices);
+        reorder_caches(&mut self.self_attn, indices);
+        self.cross.reorder(indices);
     }
 }

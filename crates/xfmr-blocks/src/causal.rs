@@ -7,15 +7,15 @@ use xfmr_attention::KvCache;
 
 use crate::config::{apply_final_norm, check_cache_layers};
 use crate::encoder::Attend;
-use crate::{CausalCache, EncoderLayer, Norm, SelfAttentionInput};
+use crate::{CausalCache, Norm, SelfAttentionInput, SelfAttentionLayer};
 
 /// A causal self-attention stack: position `i` attends to positions `≤ i` only. This is the
 /// body of decoder-only language models: the paper's decoder without cross-attention, i.e.
-/// its encoder layers ([`EncoderLayer`]) under a look-ahead mask.
+/// its encoder layers ([`SelfAttentionLayer`]) under a look-ahead mask.
 #[derive(Module, Debug)]
 pub struct CausalDecoder<B: Backend> {
     /// The layers.
-    pub layers: Vec<EncoderLayer<B>>,
+    pub layers: Vec<SelfAttentionLayer<B>>,
     /// Final norm (pre-norm stacks).
     pub norm: Option<Norm<B>>,
 }

@@ -5,16 +5,18 @@
 use burn::module::Module;
 use burn::nn::Dropout;
 use burn::tensor::{backend::Backend, Tensor};
-use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttention};
+use xfmr_attention::{AttnMask, KvCache, MhaInput, MultiHeadAttention, ProjectedMemory};
 
 use crate::config::{apply_final_norm, check_cache_layers, sublayer};
 use crate::encoder::{self_attention, Attend};
 use crate::{
-    AttentionPositions, BlockError, CrossAttentionMemory, DecoderCache, FeedForward, LayerConfig,
+    AttentionPositions, BlockError, CrossAttentionCache, DecoderCache, FeedForward, LayerConfig,
     Norm, NormPosition,
 };
 
-/// The input of a [`Decoder`] and its layers.
+/// The input of a teacher-forced pass of a [`Decoder`] or a [`DecoderLayer`]: target states
+/// and the encoder memory they attend to. Masks follow the workspace's one mask rule: each one
+/// given is added to those already set (their union).
 ///
 /// ```
 /// # use burn::backend::NdArray;
@@ -25,56 +27,76 @@ use crate::{
 /// let tgt = Tensor::<NdArray, 3>::zeros([2, 5, 16], &device);
 /// let memory = Tensor::<NdArray, 3>::zeros([2, 7, 16], &device);
 /// let src_pad = AttnMask::padding_from_lengths(&[7, 4], 7, &device).unwrap();
-/// let input = DecoderInput::new(tgt).memory(&memory).memory_mask(src_pad);
+/// let input = DecoderInput::new(tgt, &memory).memory_mask(src_pad);
 /// ```
 #[derive(Debug, Clone)]
 pub struct DecoderInput<B: Backend> {
     /// Target states `[batch, seq, d_model]`.
     pub x: Tensor<B, 3>,
-    /// Encoder output `[batch, seq_src, d_model]`; needed by [`Decoder::forward`], not by
-    /// [`Decoder::step`] (the cache holds it, projected).
-    pub memory: Option<Tensor<B, 3>>,
+    /// Encoder output `[batch, seq_src, d_model]`.
+    pub memory: Tensor<B, 3>,
     /// Target keys to ignore (padding), on top of the causal mask.
     pub self_mask: Option<AttnMask<B>>,
-    /// Source keys to ignore (padding) in cross-attention; a cached step uses the cache's.
+    /// Source keys to ignore (padding) in cross-attention.
     pub memory_mask: Option<AttnMask<B>>,
-    /// Return the last layer's cross-attention weights (cached steps).
-    pub need_weights: bool,
 }
 
 impl<B: Backend> DecoderInput<B> {
-    /// Decoder input over target states `x` `[batch, seq, d_model]`.
+    /// Target states `x` `[batch, seq, d_model]` attending to `memory`
+    /// `[batch, seq_src, d_model]`.
+    pub fn new(x: Tensor<B, 3>, memory: &Tensor<B, 3>) -> Self {
+        Self {
+            x,
+            memory: memory.clone(),
+            self_mask: None,
+            memory_mask: None,
+        }
+    }
+
+    /// Adds target padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq]`.
+    pub fn self_mask(mut self, mask: AttnMask<B>) -> Self {
+        AttnMask::add_to(&mut self.self_mask, mask);
+        self
+    }
+
+    /// Adds source padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq_src]`.
+    pub fn memory_mask(mut self, mask: AttnMask<B>) -> Self {
+        AttnMask::add_to(&mut self.memory_mask, mask);
+        self
+    }
+
+    /// Adds source padding when there is some, as [`memory_mask`](Self::memory_mask).
+    pub fn memory_mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
+        mask.into_iter().fold(self, Self::memory_mask)
+    }
+}
+
+/// The input of one incremental step of a [`Decoder`] ([`Decoder::step`]): the new target
+/// states only. The memory and its mask were given to [`Decoder::start`] and live, projected,
+/// in the [`DecoderCache`].
+#[derive(Debug, Clone)]
+pub struct DecoderStepInput<B: Backend> {
+    /// New target states `[batch, new, d_model]`.
+    pub x: Tensor<B, 3>,
+    /// Target keys to ignore, on top of the causal mask.
+    pub self_mask: Option<AttnMask<B>>,
+    /// Return the last layer's cross-attention weights in [`DecoderOutput::cross_weights`].
+    pub need_weights: bool,
+}
+
+impl<B: Backend> DecoderStepInput<B> {
+    /// New target states `x` `[batch, new, d_model]`.
     pub fn new(x: Tensor<B, 3>) -> Self {
         Self {
             x,
-            memory: None,
             self_mask: None,
-            memory_mask: None,
             need_weights: false,
         }
     }
 
-    /// The encoder memory `[batch, seq_src, d_model]` to attend to.
-    pub fn memory(mut self, memory: &Tensor<B, 3>) -> Self {
-        self.memory = Some(memory.clone());
-        self
-    }
-
-    /// Target padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq_k]`.
+    /// Adds target padding (`true` = ignored), broadcastable to `[batch, heads, new, past + new]`.
     pub fn self_mask(mut self, mask: AttnMask<B>) -> Self {
-        self.self_mask = Some(mask);
-        self
-    }
-
-    /// Source padding (`true` = ignored), broadcastable to `[batch, heads, seq, seq_src]`.
-    pub fn memory_mask(mut self, mask: AttnMask<B>) -> Self {
-        self.memory_mask = Some(mask);
-        self
-    }
-
-    /// Source padding, if any.
-    pub fn memory_mask_opt(mut self, mask: Option<AttnMask<B>>) -> Self {
-        self.memory_mask = mask;
+        AttnMask::add_to(&mut self.self_mask, mask);
         self
     }
 
@@ -107,8 +129,8 @@ impl LayerConfig {
     ) -> Result<DecoderLayer<B>, BlockError> {
         let norm = self.norm_config();
         Ok(DecoderLayer {
-            self_attn: self.attention().try_init(device)?,
-            cross_attn: self.attention().try_init(device)?,
+            self_attn: self.attention().init(device)?,
+            cross_attn: self.attention().init(device)?,
             ffn: self.feed_forward(device)?,
             norm_self: norm.init(device)?,
             norm_cross: norm.init(device)?,
@@ -146,9 +168,18 @@ pub struct DecoderLayer<B: Backend> {
 /// Where cross-attention's keys and values come from.
 enum Cross<'a, B: Backend> {
     /// Projected from the memory in this call (teacher forcing).
-    Memory(Tensor<B, 3>),
+    Memory(&'a Tensor<B, 3>),
     /// Projected once when decoding started.
-    Projected(&'a KvCache<B>),
+    Projected(&'a ProjectedMemory<B>),
+}
+
+/// One layer's pass, whichever the input: its parts.
+struct LayerPass<'a, B: Backend> {
+    x: Tensor<B, 3>,
+    self_mask: Option<AttnMask<B>>,
+    memory_mask: Option<AttnMask<B>>,
+    cross: Cross<'a, B>,
+    need_weights: bool,
 }
 
 impl<B: Backend> DecoderLayer<B> {
@@ -159,28 +190,33 @@ impl<B: Backend> DecoderLayer<B> {
     /// - output: `[batch, seq, d_model]`
     ///
     /// # Panics
-    /// Without `input.memory`, or on shape mismatches.
+    /// On shape mismatches.
     pub fn forward(&self, input: DecoderInput<B>) -> Tensor<B, 3> {
-        let memory = input
-            .memory
-            .clone()
-            .expect("DecoderLayer::forward: the input has no memory (DecoderInput::memory)");
-        self.run(input, Attend::Causal, Cross::Memory(memory)).0
+        self.run(
+            LayerPass {
+                x: input.x,
+                self_mask: input.self_mask,
+                memory_mask: input.memory_mask,
+                cross: Cross::Memory(&input.memory),
+                need_weights: false,
+            },
+            Attend::Causal,
+        )
+        .0
     }
 
     fn run(
         &self,
-        input: DecoderInput<B>,
+        pass: LayerPass<'_, B>,
         mode: Attend<'_, B>,
-        cross: Cross<'_, B>,
     ) -> (Tensor<B, 3>, Option<Tensor<B, 4>>) {
-        let DecoderInput {
+        let LayerPass {
             x,
             self_mask,
             memory_mask,
+            cross,
             need_weights,
-            ..
-        } = input;
+        } = pass;
         let x = sublayer(x, &self.norm_self, self.norm_position, &self.dropout, |h| {
             let positions = self.positions.as_ref();
             self_attention(&self.self_attn, positions, h, self_mask, mode, false).0
@@ -192,24 +228,18 @@ impl<B: Backend> DecoderLayer<B> {
             self.norm_position,
             &self.dropout,
             |h| {
-                let out = match cross {
-                    Cross::Memory(memory) => {
-                        let mut input = MhaInput::cross(h, memory).mask_opt(memory_mask);
-                        if need_weights {
-                            input = input.need_weights();
-                        }
-                        self.cross_attn.forward(input)
-                    }
-                    Cross::Projected(cache) => {
-                        let mut input = MhaInput::self_attn(h).mask_opt(memory_mask);
-                        if need_weights {
-                            input = input.need_weights();
-                        }
-                        self.cross_attn
-                            .try_forward_projected(input, cache)
-                            .unwrap_or_else(|e| panic!("DecoderLayer cross-attention: {e}"))
-                    }
+                let input = match cross {
+                    Cross::Memory(memory) => MhaInput::cross(h, memory.clone()),
+                    Cross::Projected(memory) => MhaInput::cross_projected(h, memory.clone()),
                 };
+                let mut input = input.mask_opt(memory_mask);
+                if need_weights {
+                    input = input.need_weights();
+                }
+                let out = self
+                    .cross_attn
+                    .try_forward(input)
+                    .unwrap_or_else(|e| panic!("DecoderLayer cross-attention: {e}"));
                 weights = out.weights;
                 out.context
             },
@@ -238,13 +268,9 @@ impl<B: Backend> Decoder<B> {
     /// - output: `[batch, seq, d_model]`
     ///
     /// # Panics
-    /// Without `input.memory`, or on shape mismatches.
+    /// On shape mismatches.
     pub fn forward(&self, input: DecoderInput<B>) -> Tensor<B, 3> {
-        let DecoderInput { x, .. } = input.clone();
-        let x = self.layers.iter().fold(x, |x, layer| {
-            layer.forward(DecoderInput { x, ..input.clone() })
-        });
-        apply_final_norm(self.norm.as_ref(), x)
+        self.forward_impl(input, false).0
     }
 
     /// [`forward`](Self::forward) that also returns every layer's cross-attention weights
@@ -254,25 +280,37 @@ impl<B: Backend> Decoder<B> {
     /// - output: `[batch, seq, d_model]`; weights: one `[batch, heads, seq, seq_src]` per layer
     ///
     /// # Panics
-    /// Without `input.memory`, or on shape mismatches.
+    /// On shape mismatches.
     pub fn forward_with_weights(
         &self,
         input: DecoderInput<B>,
     ) -> (Tensor<B, 3>, Vec<Tensor<B, 4>>) {
-        let memory = input.memory.clone().expect(
-            "Decoder::forward_with_weights: the input has no memory (DecoderInput::memory)",
-        );
-        let mut x = input.x.clone();
-        let mut weights = Vec::with_capacity(self.layers.len());
+        self.forward_impl(input, true)
+    }
+
+    fn forward_impl(
+        &self,
+        input: DecoderInput<B>,
+        need_weights: bool,
+    ) -> (Tensor<B, 3>, Vec<Tensor<B, 4>>) {
+        let DecoderInput {
+            mut x,
+            memory,
+            self_mask,
+            memory_mask,
+        } = input;
+        let mut weights = Vec::new();
         for layer in &self.layers {
-            let layer_input = DecoderInput {
+            let pass = LayerPass {
                 x,
-                need_weights: true,
-                ..input.clone()
+                self_mask: self_mask.clone(),
+                memory_mask: memory_mask.clone(),
+                cross: Cross::Memory(&memory),
+                need_weights,
             };
-            let (out, w) = layer.run(layer_input, Attend::Causal, Cross::Memory(memory.clone()));
+            let (out, w) = layer.run(pass, Attend::Causal);
             x = out;
-            weights.push(w.expect("weights were requested"));
+            weights.extend(w);
         }
         (apply_final_norm(self.norm.as_ref(), x), weights)
     }
@@ -291,7 +329,7 @@ impl<B: Backend> Decoder<B> {
         let batch = memory.dims()[0];
         DecoderCache {
             self_attn: (0..self.layers.len()).map(|_| KvCache::new()).collect(),
-            memory: CrossAttentionMemory::new(
+            cross: CrossAttentionCache::new(
                 self.layers
                     .iter()
                     .map(|l| l.cross_attn.project_memory(memory.clone()))
@@ -303,8 +341,7 @@ impl<B: Backend> Decoder<B> {
     }
 
     /// Incremental pass over new positions after the cached ones; `hidden` equals the matching
-    /// rows of [`forward`](Self::forward). The memory and its mask come from the cache;
-    /// `input.memory` and `input.memory_mask` are not read.
+    /// rows of [`forward`](Self::forward). The memory and its mask come from the cache.
     ///
     /// # Shapes
     /// - `input.x`: `[batch, new, d_model]`; `input.self_mask` broadcastable to
@@ -313,26 +350,26 @@ impl<B: Backend> Decoder<B> {
     ///
     /// # Panics
     /// If `cache` belongs to a stack with another number of layers, or on shape mismatches.
-    pub fn step(&self, input: DecoderInput<B>, cache: &mut DecoderCache<B>) -> DecoderOutput<B> {
+    pub fn step(
+        &self,
+        input: DecoderStepInput<B>,
+        cache: &mut DecoderCache<B>,
+    ) -> DecoderOutput<B> {
         check_cache_layers("DecoderCache", cache.self_attn.len(), self.layers.len());
         let last = self.layers.len() - 1;
-        let memory_mask = cache.memory.mask.clone();
-        let mut x = input.x.clone();
+        let memory_mask = cache.cross.mask.clone();
+        let mut x = input.x;
         let mut cross_weights = None;
-        let caches = cache.self_attn.iter_mut().zip(&cache.memory.layers);
+        let caches = cache.self_attn.iter_mut().zip(&cache.cross.layers);
         for (i, (layer, (self_cache, cross))) in self.layers.iter().zip(caches).enumerate() {
-            let layer_input = DecoderInput {
+            let pass = LayerPass {
                 x,
-                memory: None,
                 self_mask: input.self_mask.clone(),
                 memory_mask: memory_mask.clone(),
+                cross: Cross::Projected(cross),
                 need_weights: input.need_weights && i == last,
             };
-            let (out, w) = layer.run(
-                layer_input,
-                Attend::Cached(self_cache),
-                Cross::Projected(cross),
-            );
+            let (out, w) = layer.run(pass, Attend::Cached(self_cache));
             x = out;
             cross_weights = w;
         }

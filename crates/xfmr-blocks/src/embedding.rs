@@ -84,8 +84,8 @@ impl<B: Backend> TokenEmbedding<B> {
         let x = x.reshape([rows, d_model]);
         let logits = if rows <= 16 {
             // Few rows (decoding): `(E xᵀ)ᵀ` keeps the large table as the left, row-major
-            // operand. Measured for a 32000 × 512 table: 1 row 114 → 38 ms on ndarray, 4 rows
-            // 6.7 → 2.5 ms on flex; from 64 rows on, `x Eᵀ` is faster (docs/benchmarks.md).
+            // operand, which the CPU backends multiply faster for a few rows; `x Eᵀ` wins for
+            // many (the crossover is measured in docs/benchmarks.md).
             self.weight.val().matmul(x.transpose()).transpose()
         } else {
             x.matmul(self.weight.val().transpose())

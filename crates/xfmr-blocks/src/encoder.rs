@@ -37,22 +37,17 @@ impl<B: Backend> SelfAttentionInput<B> {
         Self { x, mask: None }
     }
 
-    /// Adds a mask (`true` = ignored), combined with any mask already set. Broadcastable to
+    /// Adds a mask (`true` = ignored): the union with any mask already set (the mask rule,
+    /// [`AttnMask::add_to`]). Broadcastable to
     /// `[batch, heads, seq, seq_k]`, `seq_k` counting cached keys in a cached step.
     pub fn mask(mut self, mask: AttnMask<B>) -> Self {
-        self.mask = Some(match self.mask {
-            Some(existing) => existing.union(mask),
-            None => mask,
-        });
+        AttnMask::add_to(&mut self.mask, mask);
         self
     }
 
     /// Adds an optional mask.
     pub fn mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
-        match mask {
-            Some(mask) => self.mask(mask),
-            None => self,
-        }
+        mask.into_iter().fold(self, Self::mask)
     }
 }
 
@@ -104,10 +99,10 @@ impl LayerConfig {
     pub fn init_encoder<B: Backend>(
         &self,
         device: &B::Device,
-    ) -> Result<EncoderLayer<B>, BlockError> {
+    ) -> Result<SelfAttentionLayer<B>, BlockError> {
         let norm = self.norm_config();
-        Ok(EncoderLayer {
-            self_attn: self.attention().try_init(device)?,
+        Ok(SelfAttentionLayer {
+            self_attn: self.attention().init(device)?,
             ffn: self.feed_forward(device)?,
             norm_attn: norm.init(device)?,
             norm_ff: norm.init(device)?,
@@ -118,11 +113,12 @@ impl LayerConfig {
     }
 }
 
-/// Encoder layer: self-attention, then the feed-forward network, each a residual sublayer. A
-/// causal stack ([`CausalDecoder`](crate::CausalDecoder)) runs the same layer under a
+/// The paper's encoder layer: self-attention, then the feed-forward network, each a residual
+/// sublayer. Named for what it holds, because two stacks use it: [`Encoder`] (bidirectional) and a
+/// [`CausalDecoder`](crate::CausalDecoder), which runs it under a
 /// look-ahead mask: GPT's block is the paper's encoder layer made causal.
 #[derive(Module, Debug)]
-pub struct EncoderLayer<B: Backend> {
+pub struct SelfAttentionLayer<B: Backend> {
     /// Self-attention.
     pub self_attn: MultiHeadAttention<B>,
     /// Feed-forward network.
@@ -139,7 +135,7 @@ pub struct EncoderLayer<B: Backend> {
     pub positions: Option<AttentionPositions>,
 }
 
-impl<B: Backend> EncoderLayer<B> {
+impl<B: Backend> SelfAttentionLayer<B> {
     /// Bidirectional pass (the paper's encoder layer).
     ///
     /// # Shapes
@@ -199,7 +195,7 @@ impl<B: Backend> EncoderLayer<B> {
 #[derive(Module, Debug)]
 pub struct Encoder<B: Backend> {
     /// The layers.
-    pub layers: Vec<EncoderLayer<B>>,
+    pub layers: Vec<SelfAttentionLayer<B>>,
     /// Final norm (PyTorch `encoder.norm`).
     pub norm: Option<Norm<B>>,
 }

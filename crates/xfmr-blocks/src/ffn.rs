@@ -68,22 +68,40 @@ impl FeedForwardConfig {
     }
 }
 
-/// The position-wise feed-forward network.
+/// The position-wise feed-forward network. Built only by [`FeedForwardConfig::init`], which
+/// gives a SwiGLU network its gate and no other network one: the activation and the gate are
+/// private, so no other combination can exist (weight loaders reach the gate through
+/// [`gate_mut`](Self::gate_mut), which cannot add or remove it).
 #[derive(Module, Debug)]
 pub struct FeedForward<B: Backend> {
     /// `W₁`: `d_model → d_ff`.
     pub linear1: Linear<B>,
     /// `W₂`: `d_ff → d_model`.
     pub linear2: Linear<B>,
-    /// `W₃`, the SwiGLU gate's second projection: `d_model → d_ff` (SwiGLU only).
-    pub gate: Option<Linear<B>>,
-    /// Activation.
-    pub activation: Activation,
+    /// `W₃`, the SwiGLU gate's second projection `d_model → d_ff`: present exactly when the
+    /// activation is SwiGLU.
+    gate: Option<Linear<B>>,
+    activation: Activation,
     /// Dropout after the activation.
     pub dropout: Dropout,
 }
 
 impl<B: Backend> FeedForward<B> {
+    /// The activation.
+    pub fn activation(&self) -> Activation {
+        self.activation
+    }
+
+    /// `W₃`, SwiGLU's gating projection `d_model → d_ff` (`None` for the other activations).
+    pub fn gate(&self) -> Option<&Linear<B>> {
+        self.gate.as_ref()
+    }
+
+    /// `W₃` to load weights into (`None` for the other activations).
+    pub fn gate_mut(&mut self) -> Option<&mut Linear<B>> {
+        self.gate.as_mut()
+    }
+
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
@@ -96,7 +114,9 @@ impl<B: Backend> FeedForward<B> {
             (Activation::Relu, _) => relu(hidden),
             (Activation::Gelu, _) => exact_gelu(hidden),
             (Activation::SwiGlu, Some(gate)) => silu(hidden) * gate.forward(x),
-            (Activation::SwiGlu, None) => panic!("FeedForward: SwiGLU without its gate projection"),
+            (Activation::SwiGlu, None) => {
+                unreachable!("FeedForwardConfig::init gives SwiGLU a gate")
+            }
         };
         let out = self.linear2.forward(self.dropout.forward(hidden));
         let d_out = out.dims()[1];
@@ -122,10 +142,10 @@ pub fn exact_gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
         x * cdf.mul_scalar(0.5)
     } else {
         #[cfg(feature = "flex")]
-        if xfmr_attention::AttentionKernel::cpu_supported::<B>(x.dtype()) {
+        if xfmr_kernels::runs_on::<B>(x.dtype()) {
             // On flex: a vectorised host kernel instead of one libm `erff` call per element
-            // (a fifth of MiniLM's embedding time; docs/benchmarks.md).
-            return crate::cpu::gelu(x);
+            // (docs/benchmarks.md).
+            return xfmr_kernels::gelu(x);
         }
         gelu(x)
     }

@@ -10,13 +10,17 @@
 //! - [`LayerConfig`]: the one layer configuration every stack and model shares (widths, heads
 //!   and grouped key/value heads, dropout, activation, norm kind and placement, projection
 //!   biases, [`PositionEncoding`]); [`StackConfig`] builds the stacks from it.
-//! - [`Encoder`] (bidirectional, [`EncoderLayer`]), [`Decoder`] (cross-attending,
+//! - [`Encoder`] (bidirectional, [`SelfAttentionLayer`]), [`Decoder`] (cross-attending,
 //!   [`DecoderLayer`]) and [`CausalDecoder`] (decoder-only: encoder layers under a look-ahead
 //!   mask), with residual dropout on each sublayer output before the add (§3.1). Inputs are
-//!   built with chained methods: [`SelfAttentionInput`], [`DecoderInput`].
+//!   built with chained methods: [`SelfAttentionInput`], [`DecoderInput`] (a teacher-forced
+//!   pass, memory included) and [`DecoderStepInput`] (a cached step). Every mask given to an
+//!   input is added to the ones already set, never replaces them (the workspace's one mask
+//!   rule, [`AttnMask::add_to`](xfmr_attention::AttnMask::add_to)).
 //! - Incremental decoding: [`Decoder::start`] projects the encoder memory once
-//!   ([`CrossAttentionMemory`]); [`Decoder::step`] and [`CausalDecoder::step`] take only the
-//!   new positions, through [`DecoderCache`] / [`CausalCache`].
+//!   ([`CrossAttentionCache`], one [`ProjectedMemory`](xfmr_attention::ProjectedMemory) per
+//!   layer); [`Decoder::step`] and [`CausalDecoder::step`] take only the new positions, through
+//!   [`DecoderCache`] / [`CausalCache`]. "Memory" always names the encoder's output.
 //! - [`Positions`] (sinusoidal or learned vectors added to embeddings) and
 //!   [`AttentionPositions`] (RoPE, ALiBi inside self-attention), both from one
 //!   [`PositionEncoding`].
@@ -31,7 +35,9 @@
 //! use burn::backend::NdArray;
 //! use burn::tensor::Tensor;
 //! use xfmr_attention::AttnMask;
-//! use xfmr_blocks::{DecoderInput, LayerConfig, NormPosition, SelfAttentionInput, StackConfig};
+//! use xfmr_blocks::{
+//!     DecoderInput, DecoderStepInput, LayerConfig, NormPosition, SelfAttentionInput, StackConfig,
+//! };
 //!
 //! let device = Default::default();
 //! // The paper's layer at toy size: post-norm, ReLU, residual dropout 0.1.
@@ -48,12 +54,10 @@
 //!
 //! // Teacher forcing over the whole target ...
 //! let tgt = Tensor::<NdArray, 3>::zeros([2, 5, 16], &device);
-//! let full = decoder.forward(
-//!     DecoderInput::new(tgt.clone()).memory(&memory).memory_mask(src_pad.clone()),
-//! );
+//! let full = decoder.forward(DecoderInput::new(tgt.clone(), &memory).memory_mask(src_pad.clone()));
 //! // ... or one position at a time: the memory is projected once, by `start`.
 //! let mut cache = decoder.start(&memory, Some(src_pad));
-//! let first = decoder.step(DecoderInput::new(tgt.narrow(1, 0, 1)), &mut cache);
+//! let first = decoder.step(DecoderStepInput::new(tgt.narrow(1, 0, 1)), &mut cache);
 //! assert_eq!(full.dims(), [2, 5, 16]);
 //! assert_eq!(first.hidden.dims(), [2, 1, 16]);
 //! ```
@@ -63,8 +67,6 @@
 mod cache;
 mod causal;
 mod config;
-#[cfg(feature = "flex")]
-mod cpu;
 mod decoder;
 mod embedding;
 mod encoder;
@@ -74,12 +76,12 @@ mod norm;
 mod positions;
 mod torch;
 
-pub use cache::{CausalCache, CrossAttentionMemory, DecoderCache};
+pub use cache::{CausalCache, CrossAttentionCache, DecoderCache};
 pub use causal::CausalDecoder;
 pub use config::{LayerConfig, StackConfig};
-pub use decoder::{Decoder, DecoderInput, DecoderLayer, DecoderOutput};
+pub use decoder::{Decoder, DecoderInput, DecoderLayer, DecoderOutput, DecoderStepInput};
 pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
-pub use encoder::{Encoder, EncoderLayer, SelfAttentionInput};
+pub use encoder::{Encoder, SelfAttentionInput, SelfAttentionLayer};
 pub use error::{BlockError, ImportReport};
 pub use ffn::{exact_gelu, Activation, FeedForward, FeedForwardConfig};
 pub use norm::{Norm, NormConfig, NormKind, NormPosition};

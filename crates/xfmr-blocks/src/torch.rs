@@ -313,7 +313,7 @@ impl<'a, B: Backend> StateDictImporter<'a, B> {
     fn ffn(&mut self, ffn: &mut FeedForward<B>, prefix: &str) {
         self.linear(&mut ffn.linear1, &format!("{prefix}linear1"));
         self.linear(&mut ffn.linear2, &format!("{prefix}linear2"));
-        if ffn.gate.is_some() {
+        if ffn.gate().is_some() {
             self.report.other.push(format!(
                 "{prefix}: SwiGLU has no PyTorch nn.Transformer counterpart"
             ));

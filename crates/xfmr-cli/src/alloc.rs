@@ -3,11 +3,10 @@
 //! Each burn operation allocates its output, so a training step allocates and frees the same
 //! large tensor buffers again and again. By default mimalloc commits its arenas' memory lazily and
 //! hands freed memory back to the kernel ("purges" it) after a delay; the next step then
-//! page-faults buffers it had a moment ago, and the kernel zeroes every page of them:
-//! `clear_page` took 10.8% of the samples of 30 training steps (`xfmr train`, flex; perf). With
-//! [`keep_memory`] it took 4–5% (1.0% with the same options set through the environment, which
-//! mimalloc reads before the first allocation; docs/benchmarks.md). The cost: the process keeps
-//! its peak footprint until it exits, which a training run reaches in its first steps anyway.
+//! page-faults buffers it had a moment ago, and the kernel zeroes every page of them.
+//! [`keep_memory`] keeps the memory instead (the profiles before and after are in
+//! docs/benchmarks.md). The cost: the process keeps its peak footprint until it exits, which a
+//! training run reaches in its first steps anyway.
 
 use libmimalloc_sys::{mi_option_set, mi_option_t};
 

@@ -30,7 +30,7 @@ pub fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Res
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq]), &device);
 
     // Untrained layer: random byte embeddings, random projections.
-    let mha = MultiHeadAttentionConfig::new(d_model, heads).try_init::<B>(&device)?;
+    let mha = MultiHeadAttentionConfig::new(d_model, heads).init::<B>(&device)?;
     let table = Tensor::<B, 2>::random([257, d_model], Distribution::Normal(0.0, 1.0), &device);
     let x = table
         .select(0, ids.clone().reshape([batch * seq]))

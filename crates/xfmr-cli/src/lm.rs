@@ -77,8 +77,8 @@ pub(crate) fn load_run<B: Backend, C: ModelConfig>(
 
 /// `[bos] + text` ids.
 fn prompt_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>> {
-    let mut ids = vec![tokenizer.bos_id() as u32];
-    ids.extend(tokenizer.encode(text)?.into_iter().map(|t| t as u32));
+    let mut ids = vec![tokenizer.bos_id()];
+    ids.extend(tokenizer.encode(text)?);
     Ok(ids)
 }
 
@@ -103,19 +103,12 @@ pub(crate) fn continue_text<B: Backend>(
         .iter()
         .map(|p| prompt_ids(tokenizer, p))
         .collect::<Result<Vec<_>>>()?;
-    let options = GenerationOptions::greedy(
-        max_tokens,
-        tokenizer.eos_id() as u32,
-        tokenizer.pad_id() as u32,
-    )
-    .with_strategy(strategy);
+    let options = GenerationOptions::greedy(max_tokens, tokenizer.eos_id(), tokenizer.pad_id())
+        .with_strategy(strategy);
     let out = model.generate(&ids, &options)?;
     out.best_tokens()
         .iter()
-        .map(|t| {
-            let ids: Vec<usize> = t.iter().map(|&t| t as usize).collect();
-            Ok(tokenizer.decode(&ids)?)
-        })
+        .map(|t| Ok(tokenizer.decode(t)?))
         .collect()
 }
 
@@ -215,7 +208,7 @@ pub(crate) fn fill_mask<B: Backend>(
         .iter()
         .map(|&i| {
             let row = &probs[i * vocab..(i + 1) * vocab];
-            let mut ranked: Vec<(usize, f32)> = row.iter().copied().enumerate().collect();
+            let mut ranked: Vec<(u32, f32)> = (0u32..).zip(row.iter().copied()).collect();
             ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
             ranked
                 .into_iter()

@@ -22,7 +22,6 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::models::checkpoint;
 use xfmr_sentence::{cosine, fetch, SentenceEncoder};
 
 /// The allocator of the `xfmr` program (see its entry in Cargo.toml): tensors' buffers are reused
@@ -461,7 +460,7 @@ fn embed<B: Backend>(
                 .map(|(s, e)| serde_json::json!({ "sentence": s, "embedding": e }))
                 .collect();
             let text = serde_json::to_string(&rows)?;
-            Ok(checkpoint::write_atomic(path, text.as_bytes())?)
+            Ok(xfmr::io::write_atomic(path, text.as_bytes())?)
         }
         None => {
             for e in &embeddings {

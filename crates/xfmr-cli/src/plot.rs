@@ -9,7 +9,7 @@ use anyhow::{anyhow, Context, Result};
 
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
-use xfmr::models::checkpoint::write_atomic;
+use xfmr::io::write_atomic;
 
 const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 

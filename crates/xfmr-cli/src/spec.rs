@@ -147,39 +147,34 @@ impl TrainArgs {
     pub(crate) fn spec(&self, tokenizer: &SubwordTokenizer) -> Result<RunSpec> {
         let vocab = tokenizer.vocab_size();
         // The special ids are the tokenizer's.
-        let (pad, bos, eos) = (tokenizer.pad_id(), tokenizer.bos_id(), tokenizer.eos_id());
         let (d_model, heads, d_ff, layers) = self.preset.widths();
         let dropout = self.dropout;
         let train = self.train_config()?;
         Ok(match self.task {
             Task::Translation => RunSpec::Translation {
-                objective: Translation::new(
+                objective: Translation::for_tokenizer(
                     self.preset
                         .translation(vocab)
-                        .map_layer(|l| l.with_dropout(dropout))
-                        .with_pad_id(pad),
-                )
-                .with_bos_id(bos)
-                .with_eos_id(eos),
+                        .map_layer(|l| l.with_dropout(dropout)),
+                    tokenizer,
+                ),
                 train,
             },
             Task::Lm => RunSpec::Lm {
-                objective: CausalLm::new(
+                objective: CausalLm::for_tokenizer(
                     DecoderOnlyConfig::new(
                         vocab,
                         DecoderOnlyConfig::gpt_layer(d_model, heads, d_ff).with_dropout(dropout),
                         layers,
                     )
                     // Room for generating past the longest training sentence.
-                    .with_max_len((self.max_len + 2).max(256))
-                    .with_pad_id(pad),
-                )
-                .with_bos_id(bos)
-                .with_eos_id(eos),
+                    .with_max_len((self.max_len + 2).max(256)),
+                    tokenizer,
+                ),
                 train,
             },
             Task::Mlm => RunSpec::Mlm {
-                objective: MaskedLm::new(
+                objective: MaskedLm::for_tokenizer(
                     EncoderOnlyConfig::new(
                         vocab,
                         // Pre-norm: BERT's post-norm layers collapsed to unigram predictions
@@ -192,14 +187,9 @@ impl TrainArgs {
                     .with_max_len(self.max_len + 2)
                     .with_type_vocab_size(0)
                     .with_pooler(false)
-                    .with_mlm_head(true)
-                    .with_pad_id(pad),
-                    tokenizer
-                        .mask_id()
-                        .context("the vocabulary has no <mask> token")?,
-                )
-                .with_bos_id(bos)
-                .with_eos_id(eos),
+                    .with_mlm_head(true),
+                    tokenizer,
+                )?,
                 train,
             },
         })

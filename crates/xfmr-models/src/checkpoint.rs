@@ -1,16 +1,25 @@
-//! Saving and loading whole models: a directory holding `config.json` (the model's
-//! configuration, serde JSON) and `model.mpk` (burn's named MessagePack record, full
-//! precision). Each file is written to a temporary name in the same directory and renamed, so
-//! a crash never leaves a half-written file behind.
+//! Saving and loading whole models. A checkpoint is a directory holding `config.json` (the
+//! model's configuration, serde JSON), `model.mpk` (burn's named MessagePack record, full
+//! precision) and `manifest.json` (the size and FNV-1a hash of every file in it), published
+//! atomically through [`xfmr_io::publish`]: written into `<dir>.partial`, the manifest added,
+//! then renamed to `dir`. Loading checks the manifest before anything is decoded, so a killed
+//! writer, a truncated copy or a flipped byte is a [`ModelError::Checkpoint`] naming the file,
+//! never a half-loaded model.
+//!
+//! Callers that keep more in the same directory (the trainer: its optimiser state and progress)
+//! add their files with [`save_with`]; the manifest lists them and [`load`] checks them too.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::{backend::Backend, Bool, Int, Tensor};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
+use xfmr_io::IoError;
+
+pub use xfmr_io::MANIFEST_FILE;
 
 use crate::{
     DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError, Transformer,
@@ -55,93 +64,149 @@ impl ModelConfig for EncoderOnlyConfig {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
-/// that `path` holds either its old content or all of `bytes`, never a part.
+/// Saves `model` and its `config` as checkpoint directory `dir` (its parent directories are
+/// created if needed; an older checkpoint there is replaced).
 ///
 /// # Errors
-/// [`ModelError::Io`] naming the file that could not be written or renamed.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ModelError> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    fs::write(&tmp, bytes).map_err(|e| ModelError::io(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        ModelError::io(path, e)
-    })
-}
-
-/// Saves `model` and its `config` into directory `dir` (created if needed).
-///
-/// # Errors
-/// [`ModelError::Io`] naming the file that could not be written.
+/// [`ModelError::Io`] naming the file that could not be written (or `dir`, if it exists and is
+/// neither empty nor a checkpoint: it is not replaced); [`ModelError::Json`] if the
+/// configuration does not serialise.
 pub fn save<B: Backend, C: ModelConfig>(
     model: &C::Model<B>,
     config: &C,
     dir: &Path,
 ) -> Result<(), ModelError> {
-    fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-    let json = serde_json::to_vec_pretty(config).map_err(|e| ModelError::io(dir, e))?;
-    // burn 0.21 gives a clone of a not-yet-initialised lazy parameter its own lazy state, which
-    // draws other values: initialise every parameter first, so the clone (and the record) hold
-    // the values the caller's model will use.
-    model.visit(&mut Materialise);
+    save_with::<B, C, ModelError>(model, config, dir, |_| Ok(()))
+}
+
+/// [`save`], with `extra` writing further files into the staging directory it is given before
+/// the checkpoint is published: the manifest lists them too, and [`load`] checks them.
+///
+/// # Errors
+/// As [`save`], and `extra`'s error.
+pub fn save_with<B: Backend, C: ModelConfig, E: From<ModelError>>(
+    model: &C::Model<B>,
+    config: &C,
+    dir: &Path,
+    extra: impl FnOnce(&Path) -> Result<(), E>,
+) -> Result<(), E> {
+    let json = serde_json::to_vec_pretty(config)
+        .map_err(|e| ModelError::json(dir.join(CONFIG_FILE), e))?;
+    // The record is taken of a clone: its parameters must hold the values the caller's model
+    // will use.
+    materialise(model);
     let bytes = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
         .record(model.clone().into_record(), ())
         .map_err(|e| ModelError::io(dir.join(WEIGHTS_FILE), e))?;
-    // Weights first: a config is never left pointing at weights of another model.
-    write_atomic(&dir.join(WEIGHTS_FILE), &bytes)?;
-    write_atomic(&dir.join(CONFIG_FILE), &json)
+    /// A failure of the writing itself, or of `extra`.
+    enum Failed<E> {
+        Io(IoError),
+        Extra(E),
+    }
+    impl<E> From<IoError> for Failed<E> {
+        fn from(e: IoError) -> Self {
+            Self::Io(e)
+        }
+    }
+    xfmr_io::publish(dir, |staging| {
+        xfmr_io::write_atomic(&staging.join(WEIGHTS_FILE), &bytes)?;
+        xfmr_io::write_atomic(&staging.join(CONFIG_FILE), &json)?;
+        extra(staging).map_err(Failed::Extra)
+    })
+    .map_err(|failed| match failed {
+        Failed::Io(e) => ModelError::from(e).into(),
+        Failed::Extra(e) => e,
+    })
 }
 
-/// Initialises every lazy parameter of a module in place.
-struct Materialise;
-
-impl<B: Backend> ModuleVisitor<B> for Materialise {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let _ = param.val();
+/// Initialises every parameter of `module` in place, in the module's visiting order.
+///
+/// burn 0.21 initialises a parameter lazily, on its first use, and a clone of a parameter that
+/// is still lazy gets its own lazy state, which draws other values. Call this before cloning a
+/// module whose clone must hold the same values ([`save`] records a clone), or to fix when the
+/// initial values are drawn (the trainer draws them before its first step, so that they do not
+/// depend on the dropout masks drawn during it).
+pub fn materialise<B: Backend, M: Module<B>>(module: &M) {
+    struct Materialise;
+    impl<B: Backend> ModuleVisitor<B> for Materialise {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let _ = param.val();
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            let _ = param.val();
+        }
+        fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
+            let _ = param.val();
+        }
     }
-    fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
-        let _ = param.val();
-    }
-    fn visit_bool<const D: usize>(&mut self, param: &Param<Tensor<B, D, Bool>>) {
-        let _ = param.val();
-    }
+    module.visit(&mut Materialise);
 }
 
-/// Reads the configuration stored in a checkpoint.
+/// Checks checkpoint directory `dir` against its manifest: it lists `config.json` and
+/// `model.mpk`, and every file it lists (those added by [`save_with`] too) is present with the
+/// recorded size and hash. [`load`], [`load_expecting`] and [`load_config`] call it first.
 ///
 /// # Errors
-/// [`ModelError::Io`] if the file is missing or is not a configuration of this kind.
+/// [`ModelError::Checkpoint`] naming the directory, the manifest or the file that is missing,
+/// truncated or corrupt.
+pub fn verify(dir: &Path) -> Result<(), ModelError> {
+    let manifest = dir.join(xfmr_io::MANIFEST_FILE);
+    if !manifest.exists() && dir.join(CONFIG_FILE).is_file() && dir.join(WEIGHTS_FILE).is_file() {
+        return Err(ModelError::checkpoint(
+            manifest,
+            "missing: a checkpoint written before checkpoints carried manifests, whose weights \
+             cannot be checked; save the model again (`checkpoint::save` replaces such a \
+             directory) from the program that trained it",
+        ));
+    }
+    xfmr_io::verify_manifest(dir, &[CONFIG_FILE, WEIGHTS_FILE])
+        .map_err(|e| ModelError::checkpoint(e.path, e.message))
+}
+
+/// Reads the configuration stored in a checkpoint, after [`verify`].
+///
+/// # Errors
+/// As [`verify`]; [`ModelError::Json`] if the file is not a configuration of this kind.
 pub fn load_config<C: ModelConfig>(dir: &Path) -> Result<C, ModelError> {
+    verify(dir)?;
+    read_config(dir)
+}
+
+fn read_config<C: ModelConfig>(dir: &Path) -> Result<C, ModelError> {
     let path = dir.join(CONFIG_FILE);
     let text = fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::io(&path, e))
+    serde_json::from_str(&text).map_err(|e| ModelError::json(&path, e))
 }
 
-/// Loads a checkpoint with the configuration it was saved with.
+/// Loads a checkpoint with the configuration it was saved with, after [`verify`].
 ///
 /// # Errors
-/// [`ModelError::Io`] for unreadable files.
+/// As [`verify`]; [`ModelError::Json`] for a configuration of another kind,
+/// [`ModelError::Checkpoint`] for weights that do not decode.
 pub fn load<B: Backend, C: ModelConfig>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(C, C::Model<B>), ModelError> {
-    let config: C = load_config(dir)?;
+    verify(dir)?;
+    let config: C = read_config(dir)?;
     let model = load_weights(dir, &config, device)?;
     Ok((config, model))
 }
 
-/// Loads a checkpoint that must have been saved with `expected`.
+/// Loads a checkpoint that must have been saved with `expected`, after [`verify`].
 ///
 /// # Errors
-/// [`ModelError::ConfigMismatch`] naming the first field (dotted path) whose value differs,
-/// and [`ModelError::Io`] for unreadable files.
+/// [`ModelError::ConfigMismatch`] naming the first field (dotted path) whose value differs;
+/// otherwise as [`load`].
 pub fn load_expecting<B: Backend, C: ModelConfig>(
     dir: &Path,
     expected: &C,
     device: &B::Device,
 ) -> Result<C::Model<B>, ModelError> {
-    let found: C = load_config(dir)?;
-    let to_value = |c: &C| serde_json::to_value(c).map_err(|e| ModelError::io(dir, e));
+    verify(dir)?;
+    let found: C = read_config(dir)?;
+    let path = dir.join(CONFIG_FILE);
+    let to_value = |c: &C| serde_json::to_value(c).map_err(|e| ModelError::json(&path, e));
     if let Some((field, want, got)) = first_difference(&to_value(expected)?, &to_value(&found)?, "")
     {
         return Err(ModelError::ConfigMismatch {
@@ -159,11 +224,11 @@ fn load_weights<B: Backend, C: ModelConfig>(
     config: &C,
     device: &B::Device,
 ) -> Result<C::Model<B>, ModelError> {
-    let path: PathBuf = dir.join(WEIGHTS_FILE);
+    let path = dir.join(WEIGHTS_FILE);
     let bytes = fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
     let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
         .load(bytes, device)
-        .map_err(|e| ModelError::io(&path, e))?;
+        .map_err(|e| ModelError::checkpoint(&path, format!("not a model record: {e}")))?;
     Ok(config.init_model::<B>(device)?.load_record(record))
 }
 

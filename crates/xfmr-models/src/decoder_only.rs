@@ -37,7 +37,7 @@ pub struct DecoderOnlyConfig {
     pub tie_output: bool,
     /// Padding id (left padding of batched prompts). Default: 0.
     #[config(default = 0)]
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 impl DecoderOnlyConfig {
@@ -109,7 +109,7 @@ pub struct DecoderOnly<B: Backend> {
     /// Output projection when not tied.
     pub output: Option<Linear<B>>,
     /// Padding id.
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 impl<B: Backend> DecoderOnly<B> {
@@ -195,7 +195,7 @@ impl<B: Backend> DecoderOnly<B> {
         let first = prompts
             .iter()
             .map(|p| {
-                let mut row = vec![self.pad_id as u32; len - p.len()];
+                let mut row = vec![self.pad_id; len - p.len()];
                 row.extend(p);
                 row
             })

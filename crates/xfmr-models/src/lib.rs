@@ -3,7 +3,7 @@
 //! Whole models on the xfmr blocks, generic over burn backends:
 //!
 //! - [`Transformer`]: the paper's encoder-decoder translation model, with the `base` and `big`
-//!   presets, teacher-forced training ([`shift_right`], [`cross_entropy`] with label
+//!   presets, teacher-forced training ([`shift_right`], [`cross_entropy_smoothed_over_vocab`] with label
 //!   smoothing) and translation through the decoder's key/value cache.
 //! - [`EncoderOnly`]: BERT-like (token + learned position + segment embeddings, embedding
 //!   LayerNorm, post-norm GELU encoder), with pooling and MLM / classification heads, and
@@ -11,8 +11,9 @@
 //! - [`DecoderOnly`]: a GPT-like causal language model (pre-norm, tied output).
 //! - [`generate`]: greedy, beam search (GNMT length penalty) and seeded sampling (temperature,
 //!   top-k, top-p), batched, for any [`IncrementalDecoder`].
-//! - [`checkpoint`]: save and load a model with its configuration; a configuration mismatch is
-//!   a typed error naming the field.
+//! - [`checkpoint`]: save and load a model with its configuration, a directory published
+//!   atomically with a size/hash manifest (through `xfmr-io`) and verified before it is decoded;
+//!   a configuration mismatch is a typed error naming the field.
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -33,7 +34,6 @@ pub mod checkpoint;
 mod decoder_only;
 mod encoder_only;
 mod error;
-pub mod fetch;
 pub mod generate;
 pub mod hf;
 mod loss;
@@ -46,7 +46,7 @@ pub use generate::{
     BeamOptions, Generation, GenerationOptions, Hypothesis, IncrementalDecoder, SampleOptions,
     Strategy,
 };
-pub use loss::{cross_entropy, shift_right};
+pub use loss::{cross_entropy_smoothed_over_vocab, shift_right};
 pub use transformer::{AttentionMaps, Memory, Seq2SeqState, Transformer, TransformerConfig};
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
@@ -90,8 +90,8 @@ pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), Mo
     Ok(())
 }
 
-pub(crate) fn check_pad_id(pad_id: usize, vocab: usize) -> Result<(), ModelError> {
-    if pad_id >= vocab {
+pub(crate) fn check_pad_id(pad_id: u32, vocab: usize) -> Result<(), ModelError> {
+    if pad_id as usize >= vocab {
         return Err(ModelError::InvalidConfig {
             field: "pad_id",
             value: pad_id.to_string(),

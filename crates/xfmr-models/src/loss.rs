@@ -8,7 +8,7 @@ use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor};
 ///
 /// # Shapes
 /// - `targets`: `[batch, seq]`; output `[batch, seq]`
-pub fn shift_right<B: Backend>(targets: Tensor<B, 2, Int>, bos_id: usize) -> Tensor<B, 2, Int> {
+pub fn shift_right<B: Backend>(targets: Tensor<B, 2, Int>, bos_id: u32) -> Tensor<B, 2, Int> {
     let [batch, seq] = targets.dims();
     let bos = Tensor::<B, 2, Int>::full([batch, 1], bos_id as i64, &targets.device());
     Tensor::cat(vec![bos, targets.narrow(1, 0, seq - 1)], 1)
@@ -18,23 +18,27 @@ pub fn shift_right<B: Backend>(targets: Tensor<B, 2, Int>, bos_id: usize) -> Ten
 /// `(1 − ε)·(−log p(y)) + ε·mean_v(−log p(v))` (the uniform-mixture form used by
 /// tensor2tensor and PyTorch's `label_smoothing`). `ε = 0` is plain cross-entropy.
 ///
+/// Padding targets are left out of the average, but the smoothing mass is spread over the whole
+/// vocabulary, padding included (hence the name); the trainer's loss,
+/// `xfmr_train::loss::label_smoothed_loss_skipping_pad`, gives padding none.
+///
 /// # Shapes
 /// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
 /// - output: `[1]`
 ///
 /// # Panics
 /// If the shapes disagree.
-pub fn cross_entropy<B: Backend>(
+pub fn cross_entropy_smoothed_over_vocab<B: Backend>(
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
-    pad_id: usize,
+    pad_id: u32,
     label_smoothing: f64,
 ) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
     assert_eq!(
         targets.dims(),
         [batch, seq],
-        "cross_entropy: targets {:?} do not match logits {:?}",
+        "cross_entropy_smoothed_over_vocab: targets {:?} do not match logits {:?}",
         targets.dims(),
         logits.dims()
     );

@@ -6,8 +6,8 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    add_positions, Decoder, DecoderCache, DecoderInput, Encoder, LayerConfig, NormPosition,
-    Positions, SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
+    add_positions, Decoder, DecoderCache, DecoderInput, DecoderStepInput, Encoder, LayerConfig,
+    NormPosition, Positions, SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
@@ -43,7 +43,7 @@ pub struct TransformerConfig {
     pub max_len: usize,
     /// Padding token id: source padding is masked from it. Default: 0.
     #[config(default = 0)]
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 impl TransformerConfig {
@@ -143,7 +143,7 @@ pub struct Transformer<B: Backend> {
     /// The decoder stack.
     pub decoder: Decoder<B>,
     /// Padding id (source padding mask).
-    pub pad_id: usize,
+    pub pad_id: u32,
 }
 
 /// Encoded source sentences: what the decoder attends to.
@@ -221,11 +221,9 @@ impl<B: Backend> Transformer<B> {
         memory: &Memory<B>,
     ) -> Result<Tensor<B, 3>, ModelError> {
         let x = self.embed(self.tgt_table(), tgt_in, 0)?;
-        let h = self.decoder.forward(
-            DecoderInput::new(x)
-                .memory(&memory.states)
-                .memory_mask(memory.mask.clone()),
-        );
+        let h = self
+            .decoder
+            .forward(DecoderInput::new(x, &memory.states).memory_mask(memory.mask.clone()));
         Ok(self.project(h))
     }
 
@@ -269,7 +267,7 @@ impl<B: Backend> Transformer<B> {
         let y = self.embed(self.tgt_table(), tgt_in, 0)?;
         let (h, cross) = self
             .decoder
-            .forward_with_weights(DecoderInput::new(y).memory(&states).memory_mask(mask));
+            .forward_with_weights(DecoderInput::new(y, &states).memory_mask(mask));
         Ok(AttentionMaps {
             logits: self.project(h),
             encoder,
@@ -361,7 +359,7 @@ impl<B: Backend> IncrementalDecoder<B> for Transformer<B> {
     ) -> Result<Step<B>, ModelError> {
         let [batch, new] = tokens.dims();
         let x = self.embed(self.tgt_table(), tokens, state.cache.len())?;
-        let mut input = DecoderInput::new(x);
+        let mut input = DecoderStepInput::new(x);
         if need_attention {
             input = input.need_weights();
         }

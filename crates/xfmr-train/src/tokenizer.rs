@@ -5,6 +5,11 @@
 //! Text is NFC-normalised; spaces become `▁` (SentencePiece's metaspace) and punctuation is split
 //! off, so decoding is the exact inverse of encoding up to whitespace runs: what the model
 //! writes comes back as detokenised text, ready for sacreBLEU-style scoring.
+//!
+//! Ids are `u32` here as everywhere between text and the models (the `tokenizers` crate's,
+//! the training examples', generation's), and the special ids are this vocabulary's
+//! ([`SubwordTokenizer::pad_id`], ...): the objectives take them from it
+//! (`Translation::for_tokenizer`, ...).
 
 use std::path::{Path, PathBuf};
 
@@ -50,7 +55,7 @@ pub enum TokenizerError {
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     IdOutOfRange {
         /// The id.
-        id: usize,
+        id: u32,
         /// Vocabulary size.
         vocab: usize,
     },
@@ -149,16 +154,17 @@ impl SubwordTokenizer {
     /// # Errors
     /// [`TokenizerError::File`] naming the file.
     pub fn save(&self, path: &Path) -> Result<(), TokenizerError> {
-        let file_err = |problem: String| TokenizerError::File {
-            path: path.to_owned(),
-            problem,
-        };
         let json = self
             .inner
             .to_string(false)
-            .map_err(|e| file_err(e.to_string()))?;
-        xfmr_models::checkpoint::write_atomic(path, json.as_bytes())
-            .map_err(|e| file_err(e.to_string()))
+            .map_err(|e| TokenizerError::File {
+                path: path.to_owned(),
+                problem: e.to_string(),
+            })?;
+        xfmr_io::write_atomic(path, json.as_bytes()).map_err(|e| TokenizerError::File {
+            path: e.path,
+            problem: e.message,
+        })
     }
 
     /// Number of tokens, special ones included.
@@ -167,18 +173,24 @@ impl SubwordTokenizer {
     }
 
     /// Id of [`PAD`].
-    pub fn pad_id(&self) -> usize {
+    pub fn pad_id(&self) -> u32 {
         0
     }
 
     /// Id of [`BOS`].
-    pub fn bos_id(&self) -> usize {
+    pub fn bos_id(&self) -> u32 {
         1
     }
 
     /// Id of [`EOS`].
-    pub fn eos_id(&self) -> usize {
+    pub fn eos_id(&self) -> u32 {
         2
+    }
+
+    /// The first id that is not one of the four learnt specials ([`PAD`], [`BOS`], [`EOS`],
+    /// [`UNK`]): where regular subwords start.
+    pub fn first_regular_id(&self) -> u32 {
+        4
     }
 
     /// This vocabulary with [`MASK`] added as a special token after the last id (if it is not
@@ -192,8 +204,8 @@ impl SubwordTokenizer {
     }
 
     /// Id of [`MASK`], if the vocabulary has it.
-    pub fn mask_id(&self) -> Option<usize> {
-        self.inner.token_to_id(MASK).map(|id| id as usize)
+    pub fn mask_id(&self) -> Option<u32> {
+        self.inner.token_to_id(MASK)
     }
 
     /// Subword ids of `text` (no special tokens added; [`MASK`] written in the text, with the
@@ -201,12 +213,12 @@ impl SubwordTokenizer {
     ///
     /// # Errors
     /// [`TokenizerError::Tokenizers`] if encoding fails.
-    pub fn encode(&self, text: &str) -> Result<Vec<usize>, TokenizerError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let encoding = self
             .inner
             .encode(text, false)
             .map_err(|e| TokenizerError::Tokenizers(e.to_string()))?;
-        Ok(encoding.get_ids().iter().map(|&i| i as usize).collect())
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// The subword strings of `text`, as the model sees them.
@@ -222,17 +234,15 @@ impl SubwordTokenizer {
     }
 
     /// The subword string of one id (`None` outside the vocabulary).
-    pub fn piece(&self, id: usize) -> Option<String> {
-        u32::try_from(id)
-            .ok()
-            .and_then(|id| self.inner.id_to_token(id))
+    pub fn piece(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
     }
 
     /// A fingerprint of the vocabulary: FNV-1a over every piece in id order. Equal
     /// fingerprints mean the same pieces under the same ids (data-parallel ranks compare theirs
     /// before training).
     pub fn fingerprint(&self) -> u64 {
-        let bytes: Vec<u8> = (0..self.vocab_size())
+        let bytes: Vec<u8> = (0..self.vocab_size() as u32)
             .flat_map(|id| {
                 self.piece(id)
                     .unwrap_or_default()
@@ -241,27 +251,20 @@ impl SubwordTokenizer {
                     .chain([0])
             })
             .collect();
-        crate::data::fnv1a(&bytes)
+        xfmr_io::fnv1a(&bytes)
     }
 
     /// Detokenised text of `ids`, special tokens left out.
     ///
     /// # Errors
     /// [`TokenizerError::IdOutOfRange`] for an id outside the vocabulary.
-    pub fn decode(&self, ids: &[usize]) -> Result<String, TokenizerError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         let vocab = self.vocab_size();
-        let ids = ids
-            .iter()
-            .map(|&id| {
-                if id < vocab {
-                    Ok(id as u32)
-                } else {
-                    Err(TokenizerError::IdOutOfRange { id, vocab })
-                }
-            })
-            .collect::<Result<Vec<u32>, _>>()?;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(TokenizerError::IdOutOfRange { id, vocab });
+        }
         self.inner
-            .decode(&ids, true)
+            .decode(ids, true)
             .map_err(|e| TokenizerError::Tokenizers(e.to_string()))
     }
 }

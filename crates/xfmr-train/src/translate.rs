@@ -18,13 +18,7 @@ pub fn encode_pairs(
     tokenizer: &SubwordTokenizer,
     pairs: &[Pair],
 ) -> Result<Vec<Example>, TrainError> {
-    let ids = |text: &str| -> Result<Vec<u32>, TrainError> {
-        Ok(tokenizer
-            .encode(text)?
-            .into_iter()
-            .map(|t| t as u32)
-            .collect())
-    };
+    let ids = |text: &str| -> Result<Vec<u32>, TrainError> { Ok(tokenizer.encode(text)?) };
     pairs
         .iter()
         .map(|p| {
@@ -66,8 +60,8 @@ pub fn translate<B: Backend>(
     let sources = sentences
         .iter()
         .map(|s| {
-            let mut ids: Vec<u32> = tokenizer.encode(s)?.into_iter().map(|t| t as u32).collect();
-            ids.push(tokenizer.eos_id() as u32);
+            let mut ids = tokenizer.encode(s)?;
+            ids.push(tokenizer.eos_id());
             Ok(ids)
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
@@ -76,14 +70,13 @@ pub fn translate<B: Backend>(
     let mut out = vec![Vec::new(); sources.len()];
     for chunk in order.chunks(batch_size.max(1)) {
         let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| sources[i].clone()).collect();
-        let generation = model.generate(&batch, tokenizer.bos_id() as u32, options)?;
+        let generation = model.generate(&batch, tokenizer.bos_id(), options)?;
         for (&i, hypotheses) in chunk.iter().zip(generation.hypotheses) {
             out[i] = hypotheses
                 .into_iter()
                 .map(|h| {
-                    let ids: Vec<usize> = h.tokens.iter().map(|&t| t as usize).collect();
                     Ok(Candidate {
-                        text: tokenizer.decode(&ids)?,
+                        text: tokenizer.decode(&h.tokens)?,
                         tokens: h.tokens,
                         score: h.score,
                         attention: h.attention,

@@ -12,6 +12,8 @@
 //! - [`models`] (`xfmr-models`): the encoder-decoder Transformer, encoder-only (BERT-like,
 //!   with Hugging Face BERT import) and decoder-only (GPT-like) models, generation (greedy,
 //!   beam search, sampling) through key/value caches, checkpoints.
+//! - [`io`] (`xfmr-io`): atomic file writes and directories published with a size/hash
+//!   manifest (what checkpoints are made of).
 //! - [`train`] (`xfmr-train`, feature `train`, on by default): training for every model family
 //!   (translation, causal and masked language models, or an objective of your own), exact
 //!   resume, checkpoint averaging, data parallelism, corpora, BPE vocabularies, BLEU and chrF.
@@ -23,6 +25,7 @@
 
 pub use xfmr_attention as attention;
 pub use xfmr_blocks as blocks;
+pub use xfmr_io as io;
 pub use xfmr_models as models;
 pub use xfmr_position as position;
 #[cfg(feature = "train")]

@@ -4,6 +4,7 @@
 
 mod invariants;
 mod parity;
+mod paths;
 mod units;
 
 use burn::backend::NdArray;

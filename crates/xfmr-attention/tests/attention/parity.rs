@@ -22,6 +22,7 @@ fn layer_and_input<B: Backend>(
     let n_heads = fx.config_usize("n_heads");
     let mha = MultiHeadAttentionConfig::new(d_model, n_heads)
         .init::<B>(device)
+        .unwrap()
         .load_torch(TorchMhaWeights {
             in_proj_weight: fx.float("weights.in_proj_weight", device),
             in_proj_bias: Some(fx.float("weights.in_proj_bias", device)),
@@ -74,7 +75,7 @@ fn check_parity<B: Backend>(atol: f64) {
         for kernel in [
             AttentionKernel::Fused,
             AttentionKernel::Decomposed,
-            AttentionKernel::Cpu,
+            AttentionKernel::Flex,
             AttentionKernel::Auto,
         ] {
             mha.kernel = kernel;

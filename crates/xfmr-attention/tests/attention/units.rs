@@ -117,7 +117,7 @@ fn invalid_configs_are_typed_errors_with_values() {
         ),
     ];
     for (config, message) in cases {
-        let err = config.try_init::<Cpu>(&Default::default()).unwrap_err();
+        let err = config.init::<Cpu>(&Default::default()).unwrap_err();
         assert_eq!(err.to_string(), message);
     }
 }
@@ -125,7 +125,9 @@ fn invalid_configs_are_typed_errors_with_values() {
 #[test]
 fn mismatched_mask_and_inputs_are_typed_errors() {
     let device = Default::default();
-    let mha = MultiHeadAttentionConfig::new(8, 2).init::<Cpu>(&device);
+    let mha = MultiHeadAttentionConfig::new(8, 2)
+        .init::<Cpu>(&device)
+        .unwrap();
     let x = Tensor::<Cpu, 3>::zeros([2, 3, 8], &device);
     let wrong = AttnMask::padding_from_lengths(&[3, 3], 4, &device).unwrap();
     let err = mha
@@ -158,7 +160,9 @@ fn mismatched_mask_and_inputs_are_typed_errors() {
 #[should_panic(expected = "MultiHeadAttention::forward: mask of shape [2, 1, 1, 4]")]
 fn forward_panics_with_the_error_message() {
     let device = Default::default();
-    let mha = MultiHeadAttentionConfig::new(8, 2).init::<Cpu>(&device);
+    let mha = MultiHeadAttentionConfig::new(8, 2)
+        .init::<Cpu>(&device)
+        .unwrap();
     let x = Tensor::<Cpu, 3>::zeros([2, 3, 8], &device);
     let wrong = AttnMask::padding_from_lengths(&[3, 3], 4, &device).unwrap();
     mha.forward(MhaInput::self_attn(x).mask(wrong));
@@ -173,7 +177,11 @@ fn torch_import_rejects_wrong_shapes_and_bias_mismatch() {
         out_proj_weight: Tensor::zeros([8, 8], &device),
         out_proj_bias: Some(Tensor::zeros([8], &device)),
     };
-    let mha = || MultiHeadAttentionConfig::new(8, 2).init::<Cpu>(&device);
+    let mha = || {
+        MultiHeadAttentionConfig::new(8, 2)
+            .init::<Cpu>(&device)
+            .unwrap()
+    };
     let err = mha().load_torch(weights(20, true)).unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -188,7 +196,8 @@ fn torch_import_rejects_wrong_shapes_and_bias_mismatch() {
         .with_query_bias(false)
         .with_key_bias(false)
         .with_value_bias(false)
-        .init::<Cpu>(&device);
+        .init::<Cpu>(&device)
+        .unwrap();
     assert!(no_bias.load_torch(weights(24, false)).is_ok());
 }
 

@@ -3,6 +3,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod decoding;
 mod parity;
 mod units;
 

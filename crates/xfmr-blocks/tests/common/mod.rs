@@ -84,8 +84,7 @@ pub fn run<B: Backend>(
     );
     let memory = encoder.forward(SelfAttentionInput::new(src).mask(src_pad.clone()));
     let out = decoder.forward(
-        DecoderInput::new(tgt)
-            .memory(&memory)
+        DecoderInput::new(tgt, &memory)
             .self_mask(tgt_pad)
             .memory_mask(src_pad),
     );

@@ -16,8 +16,8 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{
-    cross_entropy, shift_right, DecoderOnly, DecoderOnlyConfig, IncrementalDecoder, Transformer,
-    TransformerConfig,
+    cross_entropy_smoothed_over_vocab, shift_right, DecoderOnly, DecoderOnlyConfig,
+    IncrementalDecoder, Transformer, TransformerConfig,
 };
 use xfmr_testing::{assert_close_slices, to_vec, TestRng};
 
@@ -60,11 +60,11 @@ pub fn trained_transformer(config: &TransformerConfig, seed: u64) -> Transformer
     let (src, tgt) = reversal_data(seed);
     let src = ids::<Train>(&src, &train_device);
     let tgt = ids::<Train>(&tgt, &train_device);
-    let tgt_in = shift_right(tgt.clone(), BOS as usize);
+    let tgt_in = shift_right(tgt.clone(), BOS);
     let mut optim = AdamConfig::new().init();
     for _ in 0..STEPS {
         let logits = model.forward(src.clone(), tgt_in.clone()).unwrap();
-        let loss = cross_entropy(logits, tgt.clone(), PAD as usize, 0.0);
+        let loss = cross_entropy_smoothed_over_vocab(logits, tgt.clone(), PAD, 0.0);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }
@@ -110,7 +110,8 @@ pub fn trained_lm(config: &DecoderOnlyConfig, seed: u64) -> DecoderOnly<Cpu> {
     let mut optim = AdamConfig::new().init();
     for _ in 0..STEPS {
         let logits = model.forward(x.clone().narrow(1, 0, width - 1)).unwrap();
-        let loss = cross_entropy(logits, x.clone().narrow(1, 1, width - 1), PAD as usize, 0.0);
+        let loss =
+            cross_entropy_smoothed_over_vocab(logits, x.clone().narrow(1, 1, width - 1), PAD, 0.0);
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }

@@ -4,7 +4,7 @@ use burn::module::Module;
 use burn::tensor::{Int, Tensor};
 use xfmr_attention::AttentionError;
 use xfmr_blocks::{BlockError, LayerConfig};
-use xfmr_models::checkpoint::{self, CONFIG_FILE, WEIGHTS_FILE};
+use xfmr_models::checkpoint::{self, CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE};
 use xfmr_models::{
     l2_normalize, DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError,
     Pooling, Transformer, TransformerConfig,
@@ -153,7 +153,7 @@ fn checkpoints_round_trip_and_name_mismatched_fields() {
     names.sort();
     assert_eq!(
         names,
-        [CONFIG_FILE, WEIGHTS_FILE],
+        [CONFIG_FILE, MANIFEST_FILE, WEIGHTS_FILE],
         "no temporary files left"
     );
 
@@ -207,6 +207,25 @@ fn checkpoints_round_trip_and_name_mismatched_fields() {
         0.0,
         "lm",
     );
+}
+
+/// A checkpoint whose weights were altered after saving is refused, naming the file.
+#[test]
+fn checkpoints_with_altered_weights_are_refused() {
+    let device: Device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let config = DecoderOnlyConfig::tiny(VOCAB);
+    let model: DecoderOnly<Cpu> = config.init(&device).unwrap();
+    checkpoint::save(&model, &config, dir.path()).unwrap();
+    let path = dir.path().join(WEIGHTS_FILE);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let i = bytes.len() / 2;
+    bytes[i] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+    match checkpoint::load::<Cpu, DecoderOnlyConfig>(dir.path(), &device) {
+        Err(ModelError::Checkpoint { path: named, .. }) => assert_eq!(named, path),
+        other => panic!("expected a checkpoint error, got {:?}", other.map(|_| ())),
+    }
 }
 
 #[test]

@@ -5,7 +5,9 @@ use burn::module::AutodiffModule;
 use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{activation::log_softmax, Tensor};
 use xfmr_blocks::LayerConfig;
-use xfmr_models::{cross_entropy, shift_right, GenerationOptions, TransformerConfig};
+use xfmr_models::{
+    cross_entropy_smoothed_over_vocab, shift_right, GenerationOptions, TransformerConfig,
+};
 use xfmr_testing::{to_vec, TestRng};
 
 use crate::{ids, Cpu, Train, BOS, EOS, PAD};
@@ -14,7 +16,7 @@ use crate::{ids, Cpu, Train, BOS, EOS, PAD};
 fn shift_right_puts_the_start_token_first() {
     let device = Default::default();
     let tgt = ids::<Cpu>(&[vec![5, 6, 2, 0], vec![7, 2, 0, 0]], &device);
-    let shifted = shift_right(tgt, BOS as usize);
+    let shifted = shift_right(tgt, BOS);
     let got: Vec<i64> = shifted.into_data().convert::<i64>().to_vec().unwrap();
     assert_eq!(got, [1, 5, 6, 2, 1, 7, 2, 0]);
 }
@@ -37,10 +39,10 @@ fn label_smoothed_cross_entropy_matches_host_formula() {
             })
             .sum::<f64>()
             / rows.len() as f64;
-        let got = to_vec(&cross_entropy(
+        let got = to_vec(&cross_entropy_smoothed_over_vocab(
             logits.clone(),
             targets.clone(),
-            PAD as usize,
+            PAD,
             eps,
         ))[0];
         assert!(
@@ -73,11 +75,11 @@ fn teacher_forcing_learns_to_copy() {
         .map(|s| s.iter().copied().chain([EOS]).collect())
         .collect();
     let tgt = ids::<Train>(&with_eos, &device);
-    let tgt_in = shift_right(tgt.clone(), BOS as usize);
+    let tgt_in = shift_right(tgt.clone(), BOS);
     let mut losses = Vec::new();
     for _ in 0..150 {
         let logits = model.forward(src.clone(), tgt_in.clone()).unwrap();
-        let loss = cross_entropy(logits, tgt.clone(), PAD as usize, 0.0);
+        let loss = cross_entropy_smoothed_over_vocab(logits, tgt.clone(), PAD, 0.0);
         losses.push(loss.clone().into_scalar());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);

@@ -118,13 +118,25 @@ fn sinusoidal_offset_forward_equals_slicing_and_odd_width_is_handled() {
         max_abs_diff(&pe.encoding(1, 63), &full.narrow(0, 63, 1)),
         0.0
     );
-    // Past the table: computed, equal to the formula.
+    // Past the table: computed, equal to the paper's formula written out here in f64
+    // (PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(..)), to f32 rounding of
+    // arguments up to 65 (≤ 65·2⁻²⁴ ≈ 4e-6).
     let beyond = to_vec(&pe.encoding(4, 62));
-    let expected = sinusoidal_table(62, 4, 8, 10000.0);
-    assert!(beyond
-        .iter()
-        .zip(&expected)
-        .all(|(a, &b)| (a - b as f64).abs() < 1e-7));
+    for (r, row) in beyond.chunks(8).enumerate() {
+        let pos = (62 + r) as f64;
+        for (col, &got) in row.iter().enumerate() {
+            let angle = pos / 10000f64.powf((col - col % 2) as f64 / 8.0);
+            let want = if col % 2 == 0 {
+                angle.sin()
+            } else {
+                angle.cos()
+            };
+            assert!(
+                (got - want).abs() < 1e-5,
+                "PE({pos}, {col}) = {got}, formula {want}"
+            );
+        }
+    }
     // Odd width: the unpaired last column is a sine.
     let odd = sinusoidal_table(3, 1, 7, 10000.0);
     assert_eq!(odd.len(), 7);
@@ -355,7 +367,8 @@ fn rotary_and_alibi_compose_with_the_kv_cache() {
     let (batch, seq, d_model, heads) = (2, 7, 32, 4);
     let mha = MultiHeadAttentionConfig::new(d_model, heads)
         .with_n_kv_heads(Some(2))
-        .init::<Cpu>(&device);
+        .init::<Cpu>(&device)
+        .unwrap();
     let x = rng.tensor::<Cpu, 3>([batch, seq, d_model], 1.0, &device);
     let rope = RotaryConfig::new(d_model / heads).init().unwrap();
     let alibi = AlibiConfig::new(heads).init().unwrap();

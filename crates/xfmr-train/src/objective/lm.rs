@@ -5,9 +5,11 @@ use burn::tensor::backend::Backend;
 use xfmr_models::DecoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
+    Objective,
 };
-use crate::loss::label_smoothed_loss;
+use crate::loss::label_smoothed_loss_skipping_pad;
+use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// Next-token prediction on token sequences (one sentence, or a window of a text, per example):
@@ -21,12 +23,22 @@ pub struct CausalLm {
     /// Label smoothing ε (GPT: none).
     #[config(default = 0.0)]
     pub label_smoothing: f64,
-    /// Start-of-sequence id (the first input).
-    #[config(default = 1)]
-    pub bos_id: usize,
-    /// End-of-sequence id (the last prediction).
-    #[config(default = 2)]
-    pub eos_id: usize,
+    /// Start-of-sequence id (the first input): the tokenizer's.
+    pub bos_id: u32,
+    /// End-of-sequence id (the last prediction): the tokenizer's.
+    pub eos_id: u32,
+}
+
+impl CausalLm {
+    /// The objective for `model` with every special id (the model's padding, start and end)
+    /// taken from `tokenizer`, the one place they are defined.
+    pub fn for_tokenizer(model: DecoderOnlyConfig, tokenizer: &SubwordTokenizer) -> Self {
+        Self::new(
+            model.with_pad_id(tokenizer.pad_id()),
+            tokenizer.bos_id(),
+            tokenizer.eos_id(),
+        )
+    }
 }
 
 impl Objective for CausalLm {
@@ -46,7 +58,7 @@ impl Objective for CausalLm {
         let vocab = self.model.vocab_size;
         check_special("bos_id", self.bos_id, vocab, self.model.pad_id)?;
         check_special("eos_id", self.eos_id, vocab, self.model.pad_id)?;
-        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
+        check_pad(self.model.pad_id, vocab)
     }
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
@@ -84,7 +96,7 @@ impl Objective for CausalLm {
             .collect();
         let pad = self.model.pad_id;
         let logits = model.forward(padded(&inputs, pad, device))?;
-        let loss = label_smoothed_loss(
+        let loss = label_smoothed_loss_skipping_pad(
             logits,
             padded(&outputs, pad, device),
             pad,

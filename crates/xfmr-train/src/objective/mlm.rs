@@ -7,10 +7,12 @@ use burn::tensor::backend::Backend;
 use xfmr_models::EncoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
+    Objective,
 };
 use crate::data::SplitMix64;
-use crate::loss::label_smoothed_loss;
+use crate::loss::label_smoothed_loss_skipping_pad;
+use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// The masked-language-model objective on token sequences. The model reads the start token
@@ -26,7 +28,7 @@ pub struct MaskedLm {
     /// The model (its `mlm_head` must be on).
     pub model: EncoderOnlyConfig,
     /// The mask token's id (BERT's `[MASK]`).
-    pub mask_id: usize,
+    pub mask_id: u32,
     /// Share of the positions chosen (BERT: 0.15).
     #[config(default = 0.15)]
     pub mask_prob: f64,
@@ -38,18 +40,41 @@ pub struct MaskedLm {
     #[config(default = 0.1)]
     pub random_prob: f64,
     /// Random replacements are drawn from ids `first_regular_id..vocab` (not the special
-    /// tokens below it, nor the mask token).
-    #[config(default = 4)]
-    pub first_regular_id: usize,
-    /// Start-of-sequence id (`[CLS]`).
-    #[config(default = 1)]
-    pub bos_id: usize,
-    /// End-of-sequence id (`[SEP]`).
-    #[config(default = 2)]
-    pub eos_id: usize,
+    /// tokens below it, nor the mask token): the tokenizer's first learnt id.
+    pub first_regular_id: u32,
+    /// Start-of-sequence id (`[CLS]`): the tokenizer's.
+    pub bos_id: u32,
+    /// End-of-sequence id (`[SEP]`): the tokenizer's.
+    pub eos_id: u32,
     /// Label smoothing ε (BERT: none).
     #[config(default = 0.0)]
     pub label_smoothing: f64,
+}
+
+impl MaskedLm {
+    /// The objective for `model` with every special id (the model's padding, the mask, start
+    /// and end, the first regular id) taken from `tokenizer`, the one place they are defined.
+    ///
+    /// # Errors
+    /// [`TrainError::InvalidConfig`] if the vocabulary has no mask token
+    /// ([`SubwordTokenizer::with_mask`] adds it).
+    pub fn for_tokenizer(
+        model: EncoderOnlyConfig,
+        tokenizer: &SubwordTokenizer,
+    ) -> Result<Self, TrainError> {
+        let mask_id = tokenizer.mask_id().ok_or(TrainError::InvalidConfig {
+            field: "mask_id",
+            value: "none".into(),
+            expected: "a vocabulary with the mask token (SubwordTokenizer::with_mask)",
+        })?;
+        Ok(Self::new(
+            model.with_pad_id(tokenizer.pad_id()),
+            mask_id,
+            tokenizer.first_regular_id(),
+            tokenizer.bos_id(),
+            tokenizer.eos_id(),
+        ))
+    }
 }
 
 /// One example after masking.
@@ -77,17 +102,17 @@ pub fn mask_tokens(objective: &MaskedLm, tokens: &[u32], draw: u64) -> Masking {
     let regular = objective
         .model
         .vocab_size
-        .saturating_sub(objective.first_regular_id);
+        .saturating_sub(objective.first_regular_id as usize);
     for &i in &chosen {
         let u = uniform();
         if u < objective.replace_prob {
-            input[i] = objective.mask_id as u32;
+            input[i] = objective.mask_id;
         } else if u < objective.replace_prob + objective.random_prob && regular > 0 {
             let id = objective.first_regular_id
-                + ((uniform() * regular as f64) as usize).min(regular - 1);
+                + ((uniform() * regular as f64) as usize).min(regular - 1) as u32;
             // The mask token is never a random replacement: that position keeps its token.
             if id != objective.mask_id {
-                input[i] = id as u32;
+                input[i] = id;
             }
         }
     }
@@ -143,7 +168,7 @@ impl Objective for MaskedLm {
             vocab,
             self.model.pad_id,
         )?;
-        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
+        check_pad(self.model.pad_id, vocab)
     }
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
@@ -187,7 +212,7 @@ impl Objective for MaskedLm {
         let ids = padded::<B>(&inputs, self.model.pad_id, device);
         let mask = model.padding_mask(ids.clone());
         let hidden = model.forward(ids, None, Some(&mask))?;
-        let loss = label_smoothed_loss(
+        let loss = label_smoothed_loss_skipping_pad(
             model.mlm_logits(hidden),
             padded(&targets, self.model.pad_id, device),
             self.model.pad_id,

@@ -8,7 +8,7 @@
 //! | [`CausalLm`] | the GPT-like [`DecoderOnly`](xfmr_models::DecoderOnly) | a token sequence | each token from the ones before it |
 //! | [`MaskedLm`] | the BERT-like [`EncoderOnly`](xfmr_models::EncoderOnly) with its MLM head | a token sequence | the tokens hidden by BERT's 15% / 80-10-10 masking |
 //!
-//! All three minimise [`label_smoothed_loss`](crate::loss::label_smoothed_loss) over the tokens
+//! All three minimise [`label_smoothed_loss_skipping_pad`](crate::loss::label_smoothed_loss_skipping_pad) over the tokens
 //! they predict, padding left out.
 //!
 //! **Randomness.** An objective that draws (masking) draws from a `u64` the trainer derives from
@@ -32,7 +32,7 @@ mod translation;
 
 pub use lm::CausalLm;
 pub use mlm::{mask_tokens, MaskedLm, Masking};
-pub use translation::{Batch, Example, Translation};
+pub use translation::{Example, Translation, TranslationBatch};
 
 /// The model an objective trains, on backend `B`.
 pub type ModelOf<O, B> = <<O as Objective>::Config as ModelConfig>::Model<B>;
@@ -101,26 +101,35 @@ pub struct BatchLoss<B: Backend> {
 pub(crate) fn check_ids<'a>(
     ids: impl IntoIterator<Item = &'a u32>,
     vocab: usize,
-    pad: usize,
+    pad: u32,
 ) -> Result<(), String> {
-    match ids
-        .into_iter()
-        .find(|&&t| t as usize >= vocab || t as usize == pad)
-    {
-        Some(&id) if id as usize == pad => Err(format!("id {id} is the padding id")),
+    match ids.into_iter().find(|&&t| t as usize >= vocab || t == pad) {
+        Some(&id) if id == pad => Err(format!("id {id} is the padding id")),
         Some(id) => Err(format!("id {id} ≥ vocabulary {vocab}")),
         None => Ok(()),
     }
 }
 
 /// Checks that the special id `field` is inside the vocabulary and is not the padding id.
+/// The model's padding id lies in the vocabulary.
+pub(crate) fn check_pad(pad: u32, vocab: usize) -> Result<(), TrainError> {
+    if (pad as usize) < vocab {
+        return Ok(());
+    }
+    Err(TrainError::InvalidConfig {
+        field: "model.pad_id",
+        value: pad.to_string(),
+        expected: "below the vocabulary size",
+    })
+}
+
 pub(crate) fn check_special(
     field: &'static str,
-    id: usize,
+    id: u32,
     vocab: usize,
-    pad: usize,
+    pad: u32,
 ) -> Result<(), TrainError> {
-    let expected = if id >= vocab {
+    let expected = if id as usize >= vocab {
         "below the vocabulary size"
     } else if id == pad {
         "not the padding id (padding is never predicted)"
@@ -167,7 +176,7 @@ pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
 /// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor.
 pub(crate) fn padded<B: Backend>(
     rows: &[Vec<i64>],
-    pad: usize,
+    pad: u32,
     device: &B::Device,
 ) -> burn::tensor::Tensor<B, 2, burn::tensor::Int> {
     let len = rows.iter().map(Vec::len).max().unwrap_or(1).max(1);
@@ -176,7 +185,7 @@ pub(crate) fn padded<B: Backend>(
         .flat_map(|r| {
             r.iter()
                 .copied()
-                .chain(std::iter::repeat_n(pad as i64, len - r.len()))
+                .chain(std::iter::repeat_n(i64::from(pad), len - r.len()))
         })
         .collect();
     burn::tensor::Tensor::from_data(

@@ -6,9 +6,11 @@ use burn::tensor::{Int, Tensor};
 use xfmr_models::TransformerConfig;
 
 use super::{
-    check_ids, check_length, check_smoothing, check_special, padded, BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
+    Objective,
 };
-use crate::loss::label_smoothed_loss;
+use crate::loss::label_smoothed_loss_skipping_pad;
+use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// One training pair as token ids, without start or end tokens (the objective adds them).
@@ -22,7 +24,7 @@ pub struct Example {
 
 /// A padded translation batch, ready for the model.
 #[derive(Debug, Clone)]
-pub struct Batch<B: Backend> {
+pub struct TranslationBatch<B: Backend> {
     /// Sources followed by the end token, right-padded: `[rows, seq_src]`.
     pub src: Tensor<B, 2, Int>,
     /// The start token followed by the targets (teacher forcing): `[rows, seq_tgt]`.
@@ -35,21 +37,15 @@ pub struct Batch<B: Backend> {
     pub tgt_tokens: usize,
 }
 
-impl<B: Backend> Batch<B> {
+impl<B: Backend> TranslationBatch<B> {
     /// Pads `examples` into one batch with the given special ids.
     ///
     /// # Panics
     /// If `examples` is empty.
-    pub fn new(
-        examples: &[&Example],
-        pad: usize,
-        bos: usize,
-        eos: usize,
-        device: &B::Device,
-    ) -> Self {
-        assert!(!examples.is_empty(), "Batch::new: no examples");
+    pub fn new(examples: &[&Example], pad: u32, bos: u32, eos: u32, device: &B::Device) -> Self {
+        assert!(!examples.is_empty(), "TranslationBatch::new: no examples");
         let ids = |v: &[u32]| v.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
-        let (bos, eos) = (bos as i64, eos as i64);
+        let (bos, eos) = (i64::from(bos), i64::from(eos));
         let rows =
             |f: &dyn Fn(&Example) -> Vec<i64>| examples.iter().map(|e| f(e)).collect::<Vec<_>>();
         let src = rows(&|e| [ids(&e.src), vec![eos]].concat());
@@ -75,12 +71,22 @@ pub struct Translation {
     /// Label smoothing ε (paper: 0.1).
     #[config(default = 0.1)]
     pub label_smoothing: f64,
-    /// Start-of-sentence id (the decoder's first input).
-    #[config(default = 1)]
-    pub bos_id: usize,
-    /// End-of-sentence id (appended to sources and targets).
-    #[config(default = 2)]
-    pub eos_id: usize,
+    /// Start-of-sentence id (the decoder's first input): the tokenizer's.
+    pub bos_id: u32,
+    /// End-of-sentence id (appended to sources and targets): the tokenizer's.
+    pub eos_id: u32,
+}
+
+impl Translation {
+    /// The objective for `model` with every special id (the model's padding, start and end)
+    /// taken from `tokenizer`, the one place they are defined.
+    pub fn for_tokenizer(model: TransformerConfig, tokenizer: &SubwordTokenizer) -> Self {
+        Self::new(
+            model.with_pad_id(tokenizer.pad_id()),
+            tokenizer.bos_id(),
+            tokenizer.eos_id(),
+        )
+    }
 }
 
 impl Objective for Translation {
@@ -100,7 +106,7 @@ impl Objective for Translation {
         let vocab = self.model.tgt_vocab_size;
         check_special("bos_id", self.bos_id, vocab, self.model.pad_id)?;
         check_special("eos_id", self.eos_id, vocab, self.model.pad_id)?;
-        check_special("model.pad_id", self.model.pad_id, vocab, usize::MAX)
+        check_pad(self.model.pad_id, vocab)
     }
 
     fn check_example(&self, example: &Example) -> Result<(), String> {
@@ -129,9 +135,10 @@ impl Objective for Translation {
         _draws: &[u64],
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
-        let batch = Batch::<B>::new(batch, self.model.pad_id, self.bos_id, self.eos_id, device);
+        let batch =
+            TranslationBatch::<B>::new(batch, self.model.pad_id, self.bos_id, self.eos_id, device);
         let logits = model.forward(batch.src, batch.tgt_in)?;
-        let loss = label_smoothed_loss(
+        let loss = label_smoothed_loss_skipping_pad(
             logits,
             batch.tgt_out,
             self.model.pad_id,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use thiserror::Error;
+use xfmr_io::IoError;
 use xfmr_models::ModelError;
 
 use crate::data::DataError;
@@ -11,9 +12,10 @@ use crate::tokenizer::TokenizerError;
 /// What can go wrong while training, checkpointing or evaluating.
 #[derive(Debug, Error)]
 pub enum TrainError {
-    /// From the model (configuration, sequence length, files).
+    /// From the model (configuration, sequence length, files). A missing, incomplete or corrupt
+    /// checkpoint (`ModelError::Checkpoint`) is a [`TrainError::Checkpoint`] instead.
     #[error(transparent)]
-    Model(#[from] ModelError),
+    Model(ModelError),
     /// From the corpus.
     #[error(transparent)]
     Data(#[from] DataError),
@@ -95,6 +97,26 @@ impl TrainError {
         Self::Checkpoint {
             path: path.into(),
             problem: problem.to_string(),
+        }
+    }
+}
+
+/// [`TrainError::Checkpoint`] for `ModelError::Checkpoint`, else [`TrainError::Model`].
+impl From<ModelError> for TrainError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Checkpoint { path, problem } => Self::Checkpoint { path, problem },
+            other => Self::Model(other),
+        }
+    }
+}
+
+/// [`TrainError::Io`].
+impl From<IoError> for TrainError {
+    fn from(e: IoError) -> Self {
+        Self::Io {
+            path: e.path,
+            problem: e.message,
         }
     }
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use xfmr_models::checkpoint::write_atomic;
+use xfmr_io::write_atomic;
 
 use super::run::{Event, Observer};
 use super::TrainError;

@@ -33,12 +33,12 @@ use std::path::Path;
 
 use burn::lr_scheduler::noam::NoamLrScheduler;
 use burn::lr_scheduler::LrScheduler;
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, Module};
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{ElementConversion, Tensor};
+use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
 use xfmr_models::checkpoint::{self, ModelConfig};
 
@@ -465,13 +465,7 @@ fn step_seed(seed: u64, step: usize) -> u64 {
 /// on the first batch's shape, and two data-parallel replicas (different rows, so different
 /// dropout draws) would start from different weights.
 fn initialize_now<B: Backend, M: Module<B>>(module: &M) {
-    struct Touch;
-    impl<B: Backend> ModuleVisitor<B> for Touch {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            drop(param.val());
-        }
-    }
-    module.visit(&mut Touch);
+    checkpoint::materialise(module);
 }
 
 /// The inference copy of a trainer's model (no autodiff, dropout off).

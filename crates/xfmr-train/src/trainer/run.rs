@@ -309,7 +309,7 @@ where
             bytes.extend(batch.iter().flat_map(|&i| (i as u64).to_le_bytes()));
             bytes.push(0xFF);
         }
-        crate::data::fnv1a(&bytes)
+        xfmr_io::fnv1a(&bytes)
     }
 
     /// Whether the time budget is spent: the leader's clock decides, and in a data-parallel run

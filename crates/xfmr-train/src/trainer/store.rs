@@ -1,14 +1,13 @@
-//! Checkpoints on disk: listing, atomic writing with a manifest, verification, loading,
-//! averaging, and parameter fingerprints.
+//! Checkpoints on disk: listing, writing (the model's checkpoint format of
+//! [`xfmr_models::checkpoint`], with the optimiser state and progress added), verification,
+//! loading, averaging, and parameter fingerprints.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
-use serde::{Deserialize, Serialize};
 use xfmr_models::checkpoint::{self, ModelConfig};
 
 use burn::module::AutodiffModule;
@@ -17,7 +16,6 @@ use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{TrainError, Trainer, TrainerState};
-use crate::data::fnv1a;
 use crate::objective::{ModelOf, Objective};
 
 /// Name of the checkpoint directory inside a run directory.
@@ -27,7 +25,6 @@ pub const CHECKPOINTS_DIR: &str = "checkpoints";
 pub const FINAL_MODEL_DIR: &str = "model";
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.mpk";
 pub(crate) const TRAINER_FILE: &str = "trainer.json";
-const MANIFEST_FILE: &str = "manifest.json";
 
 /// The complete checkpoints of a run, oldest first, as (step, directory).
 ///
@@ -64,55 +61,31 @@ pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> 
     Ok(checkpoints(run_dir)?.pop().map(|(_, dir)| dir))
 }
 
-/// Loads a checkpoint's model of configuration type `C` (for inference or evaluation) after
-/// checking its manifest.
+/// Loads a checkpoint's model of configuration type `C` (for inference or evaluation):
+/// [`checkpoint::load`], which checks the manifest first.
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] naming the file that is missing or corrupt.
+/// [`TrainError::Checkpoint`] naming the file that is missing or corrupt; [`TrainError::Model`]
+/// otherwise.
 pub fn load_model<B: Backend, C: ModelConfig>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(C, C::Model<B>), TrainError> {
-    verify_manifest(dir)?;
     Ok(checkpoint::load::<B, C>(dir, device)?)
 }
 
-/// Saves a model for inference (no optimiser state) the way checkpoints are saved: into
-/// `dir.partial` with a manifest, then renamed to `dir` (an older `dir` is replaced), so
+/// Saves a model for inference (no optimiser state): [`checkpoint::save`], which writes
+/// `dir.partial` with a manifest and renames it to `dir` (an older `dir` is replaced), so
 /// [`load_model`] sees a complete model or none.
 ///
 /// # Errors
-/// [`TrainError::Checkpoint`] or [`TrainError::Model`] naming the file that could not be
-/// written.
+/// [`TrainError::Model`] naming the file that could not be written.
 pub fn save_model<B: Backend, C: ModelConfig>(
     model: &C::Model<B>,
     config: &C,
     dir: &Path,
 ) -> Result<(), TrainError> {
-    let files = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE];
-    publish(dir, &files, |partial| {
-        Ok(checkpoint::save::<B, C>(model, config, partial)?)
-    })
-}
-
-/// Writes directory `dir` atomically: `fill` writes `files` into `<dir>.partial` (emptied
-/// first), a manifest of them is added, and the directory is renamed to `dir`, replacing an older
-/// one. A reader sees the whole directory or none ([`checkpoints`] skips `.partial` ones).
-pub(crate) fn publish(
-    dir: &Path,
-    files: &[&str],
-    fill: impl FnOnce(&Path) -> Result<(), TrainError>,
-) -> Result<(), TrainError> {
-    let partial = dir.with_extension("partial");
-    if partial.exists() {
-        fs::remove_dir_all(&partial).map_err(|e| TrainError::checkpoint(&partial, e))?;
-    }
-    fill(&partial)?;
-    write_manifest(&partial, files)?;
-    if dir.exists() {
-        fs::remove_dir_all(dir).map_err(|e| TrainError::checkpoint(dir, e))?;
-    }
-    fs::rename(&partial, dir).map_err(|e| TrainError::checkpoint(dir, e))
+    Ok(checkpoint::save::<B, C>(model, config, dir)?)
 }
 
 /// The element-wise mean of the checkpoints' parameters (paper §6.1: "averaging the last 5
@@ -132,7 +105,6 @@ pub fn average_checkpoints<B: Backend, C: ModelConfig>(
     let (config, model) = load_model::<B, C>(first, device)?;
     let mut sums = collect_params(&model);
     for dir in rest {
-        verify_manifest(dir)?;
         let other = checkpoint::load_expecting::<B, C>(dir, &config, device)?;
         for (sum, p) in sums.iter_mut().zip(collect_params(&other)) {
             *sum = sum.clone() + p;
@@ -161,7 +133,7 @@ pub fn parameter_fingerprint<B: Backend, M: Module<B>>(model: &M) -> u64 {
                 .flat_map(f32::to_le_bytes)
         })
         .collect();
-    fnv1a(&bytes)
+    xfmr_io::fnv1a(&bytes)
 }
 
 fn collect_params<B: Backend, M: Module<B>>(model: &M) -> Vec<Tensor<B, 1>> {
@@ -191,66 +163,10 @@ impl<B: Backend> ModuleMapper<B> for ReplaceParams<B> {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct FileSum {
-    bytes: u64,
-    fnv1a: String,
-}
-
-fn write_manifest(dir: &Path, names: &[&str]) -> Result<(), TrainError> {
-    let mut files = BTreeMap::new();
-    for &name in names {
-        let path = dir.join(name);
-        let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
-        files.insert(
-            name.to_string(),
-            FileSum {
-                bytes: bytes.len() as u64,
-                fnv1a: format!("{:016x}", fnv1a(&bytes)),
-            },
-        );
-    }
-    let json = serde_json::to_vec_pretty(&files)
-        .map_err(|e| TrainError::checkpoint(dir.join(MANIFEST_FILE), e))?;
-    Ok(checkpoint::write_atomic(&dir.join(MANIFEST_FILE), &json)?)
-}
-
-/// Checks every file a checkpoint's manifest lists: present, of the recorded size and hash.
+/// Checks every file a checkpoint's manifest lists: present, of the recorded size and hash
+/// ([`checkpoint::verify`]).
 pub(crate) fn verify_manifest(dir: &Path) -> Result<(), TrainError> {
-    if !dir.is_dir() {
-        return Err(TrainError::checkpoint(dir, "not a checkpoint directory"));
-    }
-    let files: BTreeMap<String, FileSum> = read_json(&dir.join(MANIFEST_FILE))?;
-    for name in [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE] {
-        if !files.contains_key(name) {
-            return Err(TrainError::checkpoint(
-                dir.join(MANIFEST_FILE),
-                format!("does not list {name}"),
-            ));
-        }
-    }
-    for (name, sum) in &files {
-        let path = dir.join(name);
-        let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
-        if bytes.len() as u64 != sum.bytes {
-            return Err(TrainError::checkpoint(
-                &path,
-                format!(
-                    "{} bytes, the manifest says {} (truncated?)",
-                    bytes.len(),
-                    sum.bytes
-                ),
-            ));
-        }
-        let hash = format!("{:016x}", fnv1a(&bytes));
-        if hash != sum.fnv1a {
-            return Err(TrainError::checkpoint(
-                &path,
-                format!("checksum {hash}, the manifest says {} (corrupt)", sum.fnv1a),
-            ));
-        }
-    }
-    Ok(())
+    Ok(checkpoint::verify(dir)?)
 }
 
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
@@ -267,37 +183,32 @@ where
     /// beyond the newest `keep_checkpoints`. Returns the checkpoint's directory.
     ///
     /// # Errors
-    /// [`TrainError::Checkpoint`] or [`TrainError::Model`] naming the file that could not be
-    /// written.
+    /// [`TrainError::Checkpoint`], [`TrainError::Io`] or [`TrainError::Model`] naming the file
+    /// that could not be written.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf, TrainError> {
         let dir = run_dir
             .join(CHECKPOINTS_DIR)
             .join(format!("step-{:08}", self.progress.step));
-        let files = [
-            checkpoint::CONFIG_FILE,
-            checkpoint::WEIGHTS_FILE,
-            OPTIMIZER_FILE,
-            TRAINER_FILE,
-        ];
-        publish(&dir, &files, |partial| {
-            checkpoint::save::<B, O::Config>(self.model(), self.objective.model(), partial)?;
-            let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
-                .record(self.optim.to_record(), ())
-                .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
-            checkpoint::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
-            let state = TrainerState {
-                objective: self.objective.clone(),
-                config: self.config.clone(),
-                progress: self.progress,
-                examples: Some(self.examples.len()),
-            };
-            let json = serde_json::to_vec_pretty(&state)
-                .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
-            Ok(checkpoint::write_atomic(
-                &partial.join(TRAINER_FILE),
-                &json,
-            )?)
-        })?;
+        checkpoint::save_with::<B, O::Config, TrainError>(
+            self.model(),
+            self.objective.model(),
+            &dir,
+            |partial| {
+                let optimizer = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
+                    .record(self.optim.to_record(), ())
+                    .map_err(|e| TrainError::checkpoint(partial.join(OPTIMIZER_FILE), e))?;
+                xfmr_io::write_atomic(&partial.join(OPTIMIZER_FILE), &optimizer)?;
+                let state = TrainerState {
+                    objective: self.objective.clone(),
+                    config: self.config.clone(),
+                    progress: self.progress,
+                    examples: Some(self.examples.len()),
+                };
+                let json = serde_json::to_vec_pretty(&state)
+                    .map_err(|e| TrainError::checkpoint(partial.join(TRAINER_FILE), e))?;
+                Ok(xfmr_io::write_atomic(&partial.join(TRAINER_FILE), &json)?)
+            },
+        )?;
         for old in checkpoints(run_dir)?
             .iter()
             .rev()

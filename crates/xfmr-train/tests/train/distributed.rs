@@ -1,7 +1,7 @@
 //! Data-parallel membership on burn's collective: configuration errors name the option, and two
 //! replicas in one process (threads sharing ndarray's device) sum their values and notice when
 //! they disagree. Whole training runs across processes and devices are tested through the
-//! binary (`crates/xfmr-cli/tests/cli.rs`).
+//! binary (`crates/xfmr-cli/tests/cli/parallel.rs`).
 
 use std::thread;
 use std::time::Duration;

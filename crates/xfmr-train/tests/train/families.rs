@@ -26,6 +26,9 @@ type Infer = NdArray<f32>;
 const VOCAB: usize = 24;
 /// Ids below this are special (pad 0, bos 1, eos 2, unk 3); the tasks use the others.
 const FIRST: u32 = 4;
+/// The start and end ids of these synthetic vocabularies (no tokenizer here).
+const BOS: u32 = 1;
+const EOS: u32 = 2;
 
 /// Counting sequences `a, a+1, …` (wrapping within the ordinary ids) of 2–8 tokens: after the
 /// first token every next one is determined.
@@ -56,7 +59,7 @@ fn repeated(n: usize, seed: u64) -> Vec<Vec<u32>> {
 }
 
 fn lm() -> CausalLm {
-    CausalLm::new(DecoderOnlyConfig::tiny(VOCAB).with_max_len(32))
+    CausalLm::new(DecoderOnlyConfig::tiny(VOCAB).with_max_len(32), BOS, EOS)
 }
 
 fn mlm() -> MaskedLm {
@@ -67,12 +70,15 @@ fn mlm() -> MaskedLm {
             .with_type_vocab_size(0)
             .with_pooler(false)
             .with_mlm_head(true),
-        VOCAB - 1,
+        VOCAB as u32 - 1,
+        FIRST,
+        BOS,
+        EOS,
     )
 }
 
 fn translation() -> Translation {
-    Translation::new(TransformerConfig::tiny(VOCAB))
+    Translation::new(TransformerConfig::tiny(VOCAB), BOS, EOS)
 }
 
 fn copies(n: usize, seed: u64) -> Vec<Example> {
@@ -175,7 +181,7 @@ fn objective_mlm_masks_as_bert_does() {
     let (mut masked, mut kept, mut random) = (0, 0, 0);
     for &i in &masking.chosen {
         match masking.input[i] {
-            t if t as usize == objective.mask_id => masked += 1,
+            t if t == objective.mask_id => masked += 1,
             t if t == tokens[i] => kept += 1,
             t => {
                 assert!(t >= FIRST && (t as usize) < VOCAB - 1, "random token {t}");
@@ -294,7 +300,7 @@ fn final_params<O: Objective>(dir: &Path) -> Vec<Vec<f32>> {
 /// Two replicas in one process (two threads sharing ndarray's device, burn's collective
 /// summing their gradients) train as one: after 6 steps the parameters equal a single
 /// process's to 1e-4. Dropout is off and Adam's ε is 0.1 for the reason the CLI's
-/// data-parallel test gives (`crates/xfmr-cli/tests/cli.rs`): a gradient that is zero but for
+/// data-parallel test gives (`crates/xfmr-cli/tests/cli/parallel.rs`): a gradient that is zero but for
 /// rounding moves by ±lr under ε = 1e-9 whichever way it rounds.
 fn two_replicas_train_as_one<O: Objective>(objective: O, train: Vec<O::Example>)
 where
@@ -363,15 +369,18 @@ where
 
 #[test]
 fn objective_translation_two_replicas_train_as_one() {
-    let objective =
-        Translation::new(TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0)));
+    let objective = Translation::new(
+        TransformerConfig::tiny(VOCAB).map_layer(|l| l.with_dropout(0.0)),
+        BOS,
+        EOS,
+    );
     two_replicas_train_as_one(objective, copies(40, 11));
 }
 
 #[test]
 fn objective_lm_two_replicas_train_as_one() {
     let model = lm().model.map_layer(|l| l.with_dropout(0.0));
-    let objective = CausalLm::new(model);
+    let objective = CausalLm::new(model, BOS, EOS);
     two_replicas_train_as_one(objective, counting(40, 12));
 }
 
@@ -380,7 +389,10 @@ fn objective_mlm_two_replicas_train_as_one() {
     let model = mlm()
         .model
         .map_layer(|l| l.with_dropout(0.0).with_attention_dropout(0.0));
-    two_replicas_train_as_one(MaskedLm::new(model, VOCAB - 1), repeated(40, 13));
+    two_replicas_train_as_one(
+        MaskedLm::new(model, VOCAB as u32 - 1, FIRST, BOS, EOS),
+        repeated(40, 13),
+    );
 }
 
 /// A wall-clock budget stops the run before its step budget, with a checkpoint of the last

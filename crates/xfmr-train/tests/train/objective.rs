@@ -4,7 +4,7 @@
 use burn::backend::{Autodiff, NdArray};
 use burn::lr_scheduler::LrScheduler;
 use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
-use xfmr_train::loss::{label_smoothed_loss, noam_schedule};
+use xfmr_train::loss::{label_smoothed_loss_skipping_pad, noam_schedule};
 
 type B = NdArray<f32>;
 
@@ -24,7 +24,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// `L = Σ_t [−(1−ε) log p(y_t) − ε/(V−2) Σ_{v∉{y_t,pad}} log p(v)] / #non-pad`, and the NLL.
-fn host_loss(logits: &[f32], targets: &[i64], vocab: usize, pad: usize, eps: f64) -> (f64, f64) {
+fn host_loss(logits: &[f32], targets: &[i64], vocab: usize, pad: u32, eps: f64) -> (f64, f64) {
+    let pad = pad as usize;
     let (mut loss, mut nll, mut count) = (0.0, 0.0, 0usize);
     for (t, &y) in targets.iter().enumerate() {
         if y as usize == pad {
@@ -56,7 +57,7 @@ fn label_smoothed_loss_equals_its_formula() {
     // Row 1 ends in padding, row 2 is padding after its first token.
     let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
     for eps in [0.0, 0.1, 0.3] {
-        let out = label_smoothed_loss(
+        let out = label_smoothed_loss_skipping_pad(
             Tensor::<B, 3>::from_data(
                 TensorData::new(logits.clone(), [batch, seq, vocab]),
                 &device,
@@ -91,7 +92,7 @@ fn label_smoothed_loss_ignores_padding_positions() {
     let long: Vec<i64> = vec![3, 4, 1, 1, 1, 1, 5, 6, 1, 1, 1, 1];
     let short_logits: Vec<f32> = [&logits[..2 * vocab], &logits[6 * vocab..8 * vocab]].concat();
     let run = |l: Vec<f32>, t: Vec<i64>, seq: usize| {
-        let out = label_smoothed_loss(
+        let out = label_smoothed_loss_skipping_pad(
             Tensor::<B, 3>::from_data(TensorData::new(l, [2, seq, vocab]), &device),
             Tensor::<B, 2, Int>::from_data(TensorData::new(t, [2, seq]), &device),
             1,
@@ -106,24 +107,24 @@ fn label_smoothed_loss_ignores_padding_positions() {
 }
 
 /// The loss's formula differentiated by autodiff: log-softmax, the target's and the padding
-/// column's log-probabilities, the row sums (how `label_smoothed_loss` computed it before it
-/// handed autodiff the closed-form gradient).
+/// column's log-probabilities, the row sums: the formula whose gradient
+/// `label_smoothed_loss_skipping_pad` hands autodiff in closed form.
 fn formula_loss<B: Backend>(
     logits: Tensor<B, 2>,
     targets: Tensor<B, 2, Int>,
-    pad: usize,
+    pad: u32,
     eps: f64,
 ) -> Tensor<B, 1> {
     let [n, vocab] = logits.dims();
     let log_probs = log_softmax(logits, 1);
     let keep = targets
         .clone()
-        .not_equal_elem(pad as i64)
+        .not_equal_elem(i64::from(pad))
         .float()
         .reshape([n]);
     let count = keep.clone().sum();
     let target_lp = log_probs.clone().gather(1, targets).reshape([n]);
-    let pad_lp = log_probs.clone().narrow(1, pad, 1).reshape([n]);
+    let pad_lp = log_probs.clone().narrow(1, pad as usize, 1).reshape([n]);
     let others = log_probs.sum_dim(1).reshape([n]) - target_lp.clone() - pad_lp;
     let per_token =
         target_lp.mul_scalar(-(1.0 - eps)) - others.mul_scalar(eps / (vocab - 2) as f64);
@@ -148,7 +149,7 @@ fn label_smoothed_loss_gradient_equals_autodiff_of_its_formula() {
         let ids =
             || Tensor::<Ad, 2, Int>::from_data(TensorData::new(targets.clone(), [n, 1]), &device);
         let (ours, reference) = (leaf(), leaf());
-        let out = label_smoothed_loss(
+        let out = label_smoothed_loss_skipping_pad(
             ours.clone().reshape([batch, seq, vocab]),
             ids().reshape([batch, seq]),
             pad,
@@ -172,7 +173,7 @@ fn label_smoothed_loss_gradient_equals_autodiff_of_its_formula() {
             assert!((g - w).abs() <= 1e-7, "ε={eps}, entry {i}: {g} vs {w}");
         }
         for (t, &y) in targets.iter().enumerate() {
-            if y as usize == pad {
+            if y == i64::from(pad) {
                 assert!(got[t * vocab..(t + 1) * vocab].iter().all(|&g| g == 0.0));
             }
         }

@@ -49,7 +49,8 @@ fn task(n: usize, seed: u64, reverse: bool) -> Vec<Example> {
 
 fn objective() -> Translation {
     // Dropout stays on (0.1): resuming must reproduce its draws too.
-    Translation::new(TransformerConfig::tiny(VOCAB))
+    // The synthetic vocabulary's start and end ids (no tokenizer here).
+    Translation::new(TransformerConfig::tiny(VOCAB), 1, 2)
 }
 
 fn config() -> TrainConfig {

@@ -14,34 +14,20 @@
 //! Tasks run on rayon's pool (flex's own). Keys and values of grouped-query attention are read
 //! from their shared head (`h / (heads / heads_kv)`), never repeated.
 //!
-//! This is the only module of the workspace with `unsafe` code: the two `gemm::gemm` calls
-//! (through [`product`]), whose pointers and strides are checked against the buffers' lengths
-//! first ([`View::check`]).
+//! The unsafe code is the two `gemm::gemm` calls (through [`product`]), whose pointers and
+//! strides are checked against the buffers' lengths first ([`View::check`]); see the crate's
+//! SAFETY inventory.
 
-use std::any::{Any, TypeId};
-
-use burn::backend::flex::{Flex, FlexTensor};
+use burn::backend::flex::FlexTensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 use rayon::prelude::*;
 
-use crate::AttnMask;
+use crate::exp::{exp_shifted, LANES};
+use crate::same;
 
 /// Most floats of one task's score block (256 KiB: it stays in L2 between the two products).
 const SCRATCH_FLOATS: usize = 64 * 1024;
-
-/// Whether the kernel runs on backend `B` for tensors of dtype `dtype`: the `flex` backend
-/// itself (not under `Autodiff`), f32.
-pub(crate) fn supported<B: Backend>(dtype: DType) -> bool {
-    TypeId::of::<B>() == TypeId::of::<Flex>() && dtype == DType::F32
-}
-
-/// `x` as type `U`; the caller has checked that `T` is `U`.
-fn same<T: 'static, U: 'static>(x: T) -> U {
-    *(Box::new(x) as Box<dyn Any>)
-        .downcast::<U>()
-        .unwrap_or_else(|_| unreachable!("the caller checked the types"))
-}
 
 fn to_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
     let t = same::<B::FloatTensorPrimitive, FlexTensor>(t.into_primitive().tensor());
@@ -130,8 +116,7 @@ impl<T> Broadcast<T> {
     }
 }
 
-fn mask_on_host<B: Backend>(mask: AttnMask<B>) -> Broadcast<bool> {
-    let t: Tensor<B, 4, Bool> = mask.into_tensor();
+fn mask_on_host<B: Backend>(t: Tensor<B, 4, Bool>) -> Broadcast<bool> {
     let dims = t.dims();
     let data = t.into_data();
     // Bool tensors read back as `Bool` or, when an op produced them in flex's byte storage, as
@@ -160,24 +145,48 @@ fn bias_on_host<B: Backend>(bias: Tensor<B, 4>) -> Broadcast<f32> {
     Broadcast::new(data, dims)
 }
 
-/// The context `[batch, heads, seq_q, d_v]` of scaled dot-product attention, computed on the
-/// host by this module's kernel. Shapes already checked by the caller; [`supported`] holds.
+/// The context `softmax(QKᵀ·scale + M + A) V` of scaled dot-product attention, computed on the
+/// host; a query row whose keys are all ignored is zero.
+///
+/// The caller has checked the shapes and that [`runs_on`](crate::runs_on) holds (both asserted
+/// in debug builds; the bounds the unsafe products rely on are checked in every build).
 ///
 /// The result is stored `[batch, seq_q, heads, d_v]` and returned as its `swap_dims(1, 2)` view:
 /// multi-head attention's head merge (`swap_dims(1, 2)` then a reshape to `[batch, seq_q,
 /// heads·d_v]`) is then free.
-pub(crate) fn attention<B: Backend>(
+///
+/// # Shapes
+/// - `query`: `[batch, heads, seq_q, d_k]`
+/// - `key`: `[batch, heads_kv, seq_k, d_k]`, `heads_kv` dividing `heads`
+/// - `value`: `[batch, heads_kv, seq_k, d_v]`
+/// - `mask` (`true` = ignored) and `bias`: broadcastable to `[batch, heads, seq_q, seq_k]`
+/// - output: `[batch, heads, seq_q, d_v]`
+pub fn attention<B: Backend>(
     query: Tensor<B, 4>,
     key: Tensor<B, 4>,
     value: Tensor<B, 4>,
-    mask: Option<AttnMask<B>>,
+    mask: Option<Tensor<B, 4, Bool>>,
     bias: Option<Tensor<B, 4>>,
-    scale: Option<f64>,
+    scale: f32,
 ) -> Tensor<B, 4> {
     let [batch, heads, seq_q, d_k] = query.dims();
     let [_, heads_kv, seq_k, _] = key.dims();
     let [_, _, _, d_v] = value.dims();
-    let scale = crate::sdpa::scale_or_default(scale, d_k) as f32;
+    debug_assert!(
+        crate::runs_on::<B>(query.dtype()),
+        "xfmr_kernels::attention: not a flex f32 tensor"
+    );
+    debug_assert!(
+        key.dims()[0] == batch
+            && key.dims()[3] == d_k
+            && heads_kv > 0
+            && heads % heads_kv == 0
+            && value.dims()[..3] == key.dims()[..3],
+        "xfmr_kernels::attention: query {:?}, key {:?}, value {:?} disagree",
+        query.dims(),
+        key.dims(),
+        value.dims()
+    );
     let mask = mask.map(mask_on_host);
     let bias = bias.map(bias_on_host);
     let (q, k, v) = (to_flex(query), to_flex(key), to_flex(value));
@@ -246,7 +255,7 @@ struct Task {
 
 impl Task {
     /// Writes the block's context into `out`: `[rows, heads, d_v]`, row-major.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, unsafe_code)]
     fn run(
         &self,
         shape: &Shape,
@@ -271,6 +280,9 @@ impl Task {
         if seq_k == 0 {
             return; // no keys: every row is fully ignored, zero
         }
+        // The extents the unsafe products read, inside the views `View::check` bounded.
+        debug_assert!(self.q0 + rows <= q.dims[2] && seq_k == k.dims[2] && seq_k == v.dims[2]);
+        debug_assert!(d_k == q.dims[3] && d_k == k.dims[3] && d_v == v.dims[3]);
         let mut scores = vec![0.0f32; rows * seq_k];
         let mut inverse = vec![0.0f32; rows];
         for h in 0..heads {
@@ -348,6 +360,7 @@ impl Task {
 /// # Safety
 /// Every element the three strided matrices address lies in a live allocation, and `dst`
 /// aliases neither operand nor memory another thread touches meanwhile.
+#[allow(unsafe_code)]
 unsafe fn product(
     [m, n, k]: [usize; 3],
     dst: (*mut f32, usize),
@@ -395,123 +408,4 @@ fn row_max(row: &[f32]) -> f32 {
         max = if x > max { x } else { max };
     }
     max
-}
-
-/// Lanes of the vectorised loops (an AVX-512 register of f32).
-const LANES: usize = 16;
-
-/// `x ← exp(x - max)` over `row`, returning the sum. `max` is the row's (finite) maximum, so every
-/// argument is `≤ 0`; arguments below `-87` (and `-∞`, ignored keys) give exactly 0.
-///
-/// `exp(t) = 2ⁿ · p(r)` with `n = round(t / ln 2)`, `r = t - n ln 2` (in two parts, Cody and
-/// Waite) and `p` Cephes' polynomial for `expf` on `|r| ≤ ln 2 / 2`: within 2 ulp of the
-/// correctly rounded value. Written without branches over lanes of 16 and compiled for AVX-512
-/// or AVX2 when the CPU has them (chosen at run time; the same operations in the same order on
-/// every path, so the result does not depend on the CPU): libm's scalar `expf` was 8% of the
-/// attention layer's time.
-pub(crate) fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
-            return unsafe { exp_shifted_avx512(row, max) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { exp_shifted_avx2(row, max) };
-        }
-    }
-    exp_shifted_portable(row, max)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn exp_shifted_avx512(row: &mut [f32], max: f32) -> f32 {
-    exp_shifted_portable(row, max)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn exp_shifted_avx2(row: &mut [f32], max: f32) -> f32 {
-    exp_shifted_portable(row, max)
-}
-
-#[inline(always)]
-fn exp_shifted_portable(row: &mut [f32], max: f32) -> f32 {
-    let mut sums = [0.0f32; LANES];
-    let mut chunks = row.chunks_exact_mut(LANES);
-    for chunk in &mut chunks {
-        for (x, sum) in chunk.iter_mut().zip(sums.iter_mut()) {
-            *x = exp_nonpositive(*x - max);
-            *sum += *x;
-        }
-    }
-    for (x, sum) in chunks.into_remainder().iter_mut().zip(sums.iter_mut()) {
-        *x = exp_nonpositive(*x - max);
-        *sum += *x;
-    }
-    sums.iter().sum()
-}
-
-/// `exp(t)` for `t ≤ 0` (see [`exp_shifted`]); 0 below -87, where `2ⁿ` would be subnormal.
-/// Integer and bit operations only, so that it vectorises (no saturating casts, no branches).
-/// Public (as `xfmr_attention::exp_nonpositive`, feature `flex`) for the other CPU kernels of
-/// the workspace (xfmr-blocks' GELU).
-#[inline(always)]
-pub fn exp_nonpositive(t: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding 1.5·2²³ rounds to the nearest integer (|t·log₂e| < 2²²), which then sits in the
-    // low mantissa bits: ROUND's bits are 0x4B40_0000.
-    const ROUND: f32 = 12_582_912.0;
-    let clamped = if t > -87.0 { t } else { -87.0 };
-    let shifted = clamped * LOG2E + ROUND;
-    let n = shifted - ROUND;
-    let r = clamped - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.987_569_1e-4f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5; // Cephes' 5.0000001201e-1, which rounds to 0.5 in f32
-    let e = p * r * r + r + 1.0;
-    // 2ⁿ from the exponent bits: n is in [-126, 0] here.
-    let n_bits = shifted.to_bits().wrapping_sub(0x4B40_0000);
-    let two_n = f32::from_bits(n_bits.wrapping_add(127) << 23);
-    // All ones where t ≥ -87, zero below (and for -∞): the result or exactly 0.
-    let keep = 0u32.wrapping_sub((t >= -87.0) as u32);
-    f32::from_bits((e * two_n).to_bits() & keep)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The vectorised exponential against std's `exp` over its whole domain (a step of 1e-3
-    /// from -90 to 0): relative error within 4 ulp (4 · 2⁻²³ ≈ 4.8e-7); exact 0 below -87.
-    #[test]
-    fn exp_shifted_matches_std_exp() {
-        let xs: Vec<f32> = (0..=90_000).map(|i| -(i as f32) * 1e-3).collect();
-        let mut row = xs.clone();
-        let sum = exp_shifted(&mut row, 0.0);
-        let mut expected_sum = 0.0f64;
-        for (x, got) in xs.iter().zip(&row) {
-            if *x < -87.0 {
-                assert_eq!(*got, 0.0, "exp({x})");
-                continue;
-            }
-            let want = (*x as f64).exp();
-            expected_sum += want;
-            let rel = ((*got as f64 - want) / want).abs();
-            assert!(
-                rel <= 4.0 * f32::EPSILON as f64,
-                "exp({x}) = {got}, want {want}"
-            );
-        }
-        assert!(((sum as f64 - expected_sum) / expected_sum).abs() < 1e-5);
-        let mut ignored = [f32::NEG_INFINITY, 0.0];
-        assert_eq!(exp_shifted(&mut ignored, 0.0), 1.0);
-        assert_eq!(ignored, [0.0, 1.0]);
-    }
 }

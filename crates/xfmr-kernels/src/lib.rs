@@ -1,0 +1,56 @@
+//! # xfmr-kernels
+//!
+//! xfmr's own host kernels for burn's `flex` CPU backend, in one internal crate below
+//! `xfmr-attention` and `xfmr-blocks` (their `flex` feature pulls it in; nothing else should
+//! depend on it):
+//!
+//! - [`attention()`]: the whole of `softmax(QKᵀ·s + M + A) V` per block of query rows, reading
+//!   multi-head attention's strided head views in place;
+//! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
+//! - [`gelu`]: exact GELU, vectorised.
+//!
+//! Each runs only where [`runs_on`] holds: the `burn::backend::Flex` backend itself (not under
+//! `Autodiff`) with f32 tensors. Callers check it and take burn's generic path otherwise; the
+//! kernels assert it again in debug builds.
+//!
+//! # SAFETY inventory
+//!
+//! `unsafe` is denied crate-wide and allowed on these items only (the same list is in
+//! `Cargo.toml` and `docs/ARCHITECTURE.md`):
+//!
+//! | site | what is unsafe | why it is sound |
+//! | --- | --- | --- |
+//! | `attention::product` | `gemm::gemm` on raw pointers and strides | its `# Safety` contract is gemm's, passed on to the caller |
+//! | `attention::Task::run`, first `product` | `S = s·Q_blk K_hᵀ` | `View::check` bounds every element of the views (asserted, all builds); the block's extent is asserted again in debug builds; `scores` is the task's own buffer |
+//! | `attention::Task::run`, second `product` | `O_blk = exp(S - m) V_h` | as above for `V`; the output block is the task's own, disjoint chunk (`par_chunks_mut`) |
+//! | `exp::exp_shifted` | calls of the `#[target_feature(enable = "avx512f")]` and `"avx2"` copies | each after `is_x86_feature_detected!` for that feature |
+//!
+//! Everything else, `gelu` included, is safe Rust over public burn API (`into_data`,
+//! `from_data`, flex's storage slices).
+
+use std::any::{Any, TypeId};
+
+use burn::backend::flex::Flex;
+use burn::tensor::backend::Backend;
+use burn::tensor::DType;
+
+mod attention;
+mod exp;
+mod gelu;
+
+pub use attention::attention;
+pub use exp::{exp_nonpositive, exp_shifted};
+pub use gelu::gelu;
+
+/// Whether the kernels run on backend `B` for tensors of `dtype`: the `flex` backend itself
+/// (not under `Autodiff`, whose tensors are another type), f32.
+pub fn runs_on<B: Backend>(dtype: DType) -> bool {
+    TypeId::of::<B>() == TypeId::of::<Flex>() && dtype == DType::F32
+}
+
+/// `x` as type `U`; the caller has checked that `T` is `U` ([`runs_on`]).
+fn same<T: 'static, U: 'static>(x: T) -> U {
+    *(Box::new(x) as Box<dyn Any>)
+        .downcast::<U>()
+        .unwrap_or_else(|_| panic!("xfmr-kernels: called where `runs_on` does not hold"))
+}
