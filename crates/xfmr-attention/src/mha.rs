@@ -257,10 +257,8 @@ impl<B: Backend> MultiHeadAttention<B> {
         let device = input.query.device();
         let seq_k = cache.len() + seq_q;
         self.check_masks(&input, [batch, self.n_heads, seq_q, seq_k])?;
-        let source = input.query.clone();
+        let (key, value) = self.project_keys(input.query.clone());
         let query = self.project(input.query, &self.query, self.n_heads);
-        let key = self.project(source.clone(), &self.key, self.n_kv_heads);
-        let value = self.project(source, &self.value, self.n_kv_heads);
         // New rows sit after the cached ones.
         let (query, key) = rotate(input.rotation.as_deref(), query, key, cache.len());
         let (key, value) = cache.append(key, value);

@@ -356,13 +356,17 @@ fn reference_unchecked<B: Backend>(
 ) -> AttentionOutput<B> {
     let [_, heads, _, d_k] = query.dims();
     let heads_kv = key.dims()[1];
-    // Query head j reads key/value head j / (heads / heads_kv).
-    let shared: Vec<i64> = (0..heads)
-        .map(|j| (j / (heads / heads_kv)) as i64)
-        .collect();
-    let shared = Tensor::<B, 1, Int>::from_data(TensorData::new(shared, [heads]), &query.device());
-    let key = key.select(1, shared.clone());
-    let value = value.select(1, shared);
+    let (key, value) = if heads_kv == heads {
+        (key, value)
+    } else {
+        // Query head j reads key/value head j / (heads / heads_kv).
+        let shared: Vec<i64> = (0..heads)
+            .map(|j| (j / (heads / heads_kv)) as i64)
+            .collect();
+        let shared =
+            Tensor::<B, 1, Int>::from_data(TensorData::new(shared, [heads]), &query.device());
+        (key.select(1, shared.clone()), value.select(1, shared))
+    };
     let scale = scale_or_default(options.scale, d_k);
     let mut scores = query.matmul(key.swap_dims(2, 3)).mul_scalar(scale);
     let shape = scores.dims();

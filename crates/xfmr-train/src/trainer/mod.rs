@@ -33,11 +33,11 @@ use std::path::Path;
 
 use burn::lr_scheduler::noam::NoamLrScheduler;
 use burn::lr_scheduler::LrScheduler;
-use burn::module::{AutodiffModule, Module};
+use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{Adam, AdamConfig, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
-use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
 use xfmr_models::checkpoint::{self, ModelConfig};
@@ -64,7 +64,7 @@ pub use store::{
     average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
     save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
 };
-use store::{read_json, verify_manifest, OPTIMIZER_FILE, TRAINER_FILE};
+use store::{read_json, OPTIMIZER_FILE, TRAINER_FILE};
 
 /// Where a run stands: optimiser steps taken and the next micro-batch to read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,7 +164,12 @@ where
         objective.check()?;
         B::seed(device, config.seed);
         let model = objective.model().init_model::<B>(device)?;
-        initialize_now(&model);
+        // Every parameter drawn now, in the module's order. burn initialises a parameter
+        // lazily, on its first use: left to the first step, which reseeds the generator and
+        // draws dropout masks between the layers, the initial weights would depend on the
+        // dropout rate and on the first batch's shape, and two data-parallel replicas
+        // (different rows, so different dropout draws) would start from different weights.
+        checkpoint::materialise(&model);
         let optim = adam(&config);
         Self::assemble(
             objective,
@@ -188,7 +193,7 @@ where
         examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
-        verify_manifest(dir)?;
+        checkpoint::verify(dir)?;
         let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
         if let Some(n) = state.examples.filter(|&n| n != examples.len()) {
             return Err(TrainError::checkpoint(
@@ -457,15 +462,6 @@ fn adam<B: AutodiffBackend, M: AutodiffModule<B>>(config: &TrainConfig) -> AdamO
 
 fn step_seed(seed: u64, step: usize) -> u64 {
     SplitMix64(seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).next()
-}
-
-/// Draws every parameter of `module` now, in the module's order. burn initialises a parameter
-/// lazily, on its first use: left to the first step, which reseeds the generator and draws
-/// dropout masks between the layers, the initial weights would depend on the dropout rate and
-/// on the first batch's shape, and two data-parallel replicas (different rows, so different
-/// dropout draws) would start from different weights.
-fn initialize_now<B: Backend, M: Module<B>>(module: &M) {
-    checkpoint::materialise(module);
 }
 
 /// The inference copy of a trainer's model (no autodiff, dropout off).

@@ -163,12 +163,6 @@ impl<B: Backend> ModuleMapper<B> for ReplaceParams<B> {
     }
 }
 
-/// Checks every file a checkpoint's manifest lists: present, of the recorded size and hash
-/// ([`checkpoint::verify`]).
-pub(crate) fn verify_manifest(dir: &Path) -> Result<(), TrainError> {
-    Ok(checkpoint::verify(dir)?)
-}
-
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
     let text = fs::read_to_string(path).map_err(|e| TrainError::checkpoint(path, e))?;
     serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))
