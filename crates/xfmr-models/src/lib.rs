@@ -8,7 +8,9 @@
 //! - [`EncoderOnly`]: BERT-like (token + learned position + segment embeddings, embedding
 //!   LayerNorm, post-norm GELU encoder), with pooling and MLM / classification heads, and
 //!   [`hf`] import of Hugging Face BERT checkpoints.
-//! - [`DecoderOnly`]: a GPT-like causal language model (pre-norm, tied output).
+//! - [`DecoderOnly`]: a GPT-like causal language model (pre-norm, tied output); inputs whose
+//!   logits are too large for one device buffer through [`DecoderOnly::forward_chunks`],
+//!   [`DecoderOnly::last_logits`] and [`DecoderOnly::token_log_probs`].
 //! - [`generate`]: greedy, beam search (GNMT length penalty) and seeded sampling (temperature,
 //!   top-k, top-p), batched, for any [`IncrementalDecoder`].
 //! - [`checkpoint`]: save and load a model with its configuration, a directory published
@@ -60,23 +62,76 @@ pub(crate) fn int_tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 
-/// Vocabulary logits of `h` `[batch, seq, d_model]`: through `output` when the model has an
-/// untied projection, else through the tied embedding `table` (paper §3.4).
+/// The most bytes of logits one vocabulary product may write: 64 MiB, half of WebGPU's default
+/// largest storage-buffer binding (128 MiB), which is all that some adapters allow (lavapipe,
+/// Mesa's CPU Vulkan driver, among them): there cubecl cannot allocate a larger tensor, and burn
+/// panics ("Can't execute the autotune plan ... Memory page 0 doesn't exist"). The vocabulary
+/// projections multiply their rows in chunks within this (the other operand is the weight,
+/// which exists already); the chunk size to give [`DecoderOnly::forward_chunks`].
+pub const LOGITS_CHUNK_BYTES: usize = 64 << 20;
+
+/// Rows of `[rows, width]` values of `elem_bytes` bytes each that fit in `max_bytes` (at
+/// least one).
+pub(crate) fn rows_within(width: usize, elem_bytes: usize, max_bytes: usize) -> usize {
+    (max_bytes / (width * elem_bytes).max(1)).max(1)
+}
+
+/// Vocabulary size of [`vocab_logits`]'s projection.
+pub(crate) fn vocab_of<B: Backend>(
+    output: Option<&burn::nn::Linear<B>>,
+    table: &xfmr_blocks::TokenEmbedding<B>,
+) -> usize {
+    match output {
+        Some(linear) => linear.weight.dims()[1],
+        None => table.weight.dims()[0],
+    }
+}
+
+/// Vocabulary logits of `h` `[batch, seq, d_model]` → `[batch, seq, vocab]`: through
+/// `output` when the model has an untied projection, else through the tied embedding `table`
+/// (paper §3.4). The `batch · seq` rows are multiplied in chunks whose logits fit in
+/// [`LOGITS_CHUNK_BYTES`], then concatenated, so only the result may be that large: on wgpu
+/// it must still fit in one storage buffer (see [`DecoderOnly::forward`]).
 pub(crate) fn vocab_logits<B: Backend>(
     output: Option<&burn::nn::Linear<B>>,
     table: &xfmr_blocks::TokenEmbedding<B>,
     h: Tensor<B, 3>,
 ) -> Tensor<B, 3> {
-    match output {
-        Some(linear) => {
-            let [batch, seq, d] = h.dims();
-            // (B, T, d) -> (B·T, d): one 2-D product on the CPU backends.
-            let out = linear.forward(h.reshape([batch * seq, d]));
-            let vocab = out.dims()[1];
-            out.reshape([batch, seq, vocab])
+    vocab_logits_within(output, table, h, LOGITS_CHUNK_BYTES)
+}
+
+/// [`vocab_logits`] with products of at most `max_bytes` of logits each (at least one row).
+pub(crate) fn vocab_logits_within<B: Backend>(
+    output: Option<&burn::nn::Linear<B>>,
+    table: &xfmr_blocks::TokenEmbedding<B>,
+    h: Tensor<B, 3>,
+    max_bytes: usize,
+) -> Tensor<B, 3> {
+    let [batch, seq, d] = h.dims();
+    let vocab = vocab_of(output, table);
+    let rows = batch * seq;
+    let step = rows_within(vocab, h.dtype().size(), max_bytes);
+    // (B, T, d) -> (B·T, d): one 2-D product per chunk.
+    let h = h.reshape([rows, d]);
+    let project = |h: Tensor<B, 2>| -> Tensor<B, 2> {
+        match output {
+            Some(linear) => linear.forward(h),
+            None => {
+                let n = h.dims()[0];
+                table.logits(h.reshape([1, n, d])).reshape([n, vocab])
+            }
         }
-        None => table.logits(h),
-    }
+    };
+    let logits = if rows <= step {
+        project(h)
+    } else {
+        let chunks = (0..rows)
+            .step_by(step)
+            .map(|start| project(h.clone().narrow(0, start, step.min(rows - start))))
+            .collect();
+        Tensor::cat(chunks, 0)
+    };
+    logits.reshape([batch, seq, vocab])
 }
 
 pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), ModelError> {

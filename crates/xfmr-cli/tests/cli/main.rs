@@ -3,6 +3,7 @@
 //! tasks and the downstream example (`families.rs`).
 
 mod families;
+mod generate;
 mod parallel;
 mod translation;
 

@@ -21,10 +21,16 @@
 //! | `Q4_0` | 32 | 18 | `d·(q − 8)`, `q` a nibble |
 //! | `Q4_1` | 32 | 20 | `d·q + m` |
 //! | `Q8_0` | 32 | 34 | `d·q`, `q` an `i8` |
+//! | `Q5_0`, `Q5_1` | 32 | 22, 24 | as `Q4_*` with a fifth bit per element |
+//! | `Q2_K` … `Q6_K` | 256 | 84 … 210 | groups of 16 or 32 with their own quantised scales (and minimums) under `f16` super-scales |
+//! | `Q8_K` | 256 | 292 | `d·q`, `d` an `f32` |
 //!
 //! In `Q4_*` blocks element `j < 16` is the low nibble of byte `j`, element `16 + j` its high
-//! nibble; `d` and `m` are `f16`. Other ggml types (the K-quants among them) are named in a
-//! [`GgufError::UnsupportedType`].
+//! nibble; `d` and `m` are `f16`. The block layouts are ggml's; [`xfmr_kernels::quant`]
+//! documents and unpacks each (the same code serves dequantisation and the quantised
+//! products). A block whose floating-point scales are not finite is refused
+//! ([`GgufError::BadTensor`] naming the tensor and the block's offset). Other ggml types
+//! (I-quants, integers...) are named in a [`GgufError::UnsupportedType`].
 
 mod error;
 mod quant;
@@ -33,7 +39,9 @@ mod writer;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use error::GgufError;
 pub use quant::GgmlType;
@@ -131,7 +139,8 @@ impl TensorInfo {
 
 /// A GGUF file held in memory: its metadata, its tensor directory, and its bytes.
 pub struct Gguf {
-    bytes: Vec<u8>,
+    /// The whole file, shared with the quantised matrices built from it (no copy).
+    bytes: Arc<Vec<u8>>,
     /// Format version.
     pub version: u32,
     /// Metadata, by key.
@@ -303,7 +312,7 @@ impl Gguf {
             version,
             metadata,
             tensors,
-            bytes,
+            bytes: Arc::new(bytes),
         })
     }
 
@@ -418,6 +427,46 @@ impl Gguf {
             });
         }
         let data = &self.bytes[info.offset..info.offset + info.size];
+        check_blocks(info, data)?;
         Ok(quant::dequantize(info.ty, data, info.len()))
+    }
+
+    /// The file's bytes and the range of `info`'s data in them, for readers that keep the
+    /// blocks as they are (no copy), with every block's scales checked.
+    ///
+    /// # Errors
+    /// [`GgufError::UnsupportedType`]; [`GgufError::BadTensor`] for a block whose scales are
+    /// not finite.
+    pub fn tensor_data(
+        &self,
+        info: &TensorInfo,
+    ) -> Result<(Arc<Vec<u8>>, Range<usize>), GgufError> {
+        if info.ty.block().is_none() {
+            return Err(GgufError::UnsupportedType {
+                tensor: info.name.clone(),
+                ty: info.ty,
+            });
+        }
+        let range = info.offset..info.offset + info.size;
+        check_blocks(info, &self.bytes[range.clone()])?;
+        Ok((Arc::clone(&self.bytes), range))
+    }
+}
+
+/// Refuses quantised blocks whose scales are not finite, naming the tensor and the block.
+fn check_blocks(info: &TensorInfo, data: &[u8]) -> Result<(), GgufError> {
+    let GgmlType::Quant(format) = info.ty else {
+        return Ok(());
+    };
+    match data
+        .chunks_exact(format.block_bytes())
+        .position(|block| !format.scales_finite(block))
+    {
+        None => Ok(()),
+        Some(i) => Err(GgufError::BadTensor {
+            tensor: info.name.clone(),
+            offset: (info.offset + i * format.block_bytes()) as u64,
+            reason: format!("{} block {i} has a scale that is not finite", format.name()),
+        }),
     }
 }

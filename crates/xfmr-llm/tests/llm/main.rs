@@ -2,7 +2,9 @@
 //! parity with Hugging Face transformers (`#[ignore]`d: they need the fetched model).
 
 mod gguf;
+mod quantized;
 mod smollm2;
+mod smollm2_quantized;
 mod tiny;
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};

@@ -21,7 +21,7 @@ use xfmr_testing::{assert_close_slices, to_vec, Fixture};
 
 use crate::{assert_cached_equals_full, row, WgpuUnfused};
 
-fn gguf() -> Gguf {
+pub(crate) fn gguf() -> Gguf {
     let path = fetch::find_smollm2().unwrap_or_else(|| {
         panic!(
             "SmolLM2 not found: run `cargo run -p xfmr-cli -- fetch-model smollm2` (or set {})",
@@ -31,7 +31,7 @@ fn gguf() -> Gguf {
     Gguf::read(&path).unwrap()
 }
 
-fn fixture() -> Fixture {
+pub(crate) fn fixture() -> Fixture {
     Fixture::load("smollm2/reference")
 }
 
@@ -127,7 +127,7 @@ fn parity<B: Backend>(atol: f64, what: &str) {
         let ids = lm.tokenizer.encode(prompt).unwrap();
         let len = ids.len();
         let input = row::<B>(&ids, &device);
-        let hidden = lm.model.hidden(input.clone()).unwrap();
+        let hidden = lm.f32_model().unwrap().hidden(input.clone()).unwrap();
         let expected = fixture.host(&format!("hidden.{k}"));
         assert_eq!(expected.shape, vec![len, d_model]);
         assert_close_slices(
@@ -139,7 +139,7 @@ fn parity<B: Backend>(atol: f64, what: &str) {
             0.0,
             &format!("{what}: hidden states of prompt {k}"),
         );
-        let logits = lm.model.forward(input).unwrap();
+        let logits = lm.f32_model().unwrap().forward(input).unwrap();
         let vocab = logits.dims()[2];
         let last = to_vec(&logits.narrow(1, len - 1, 1).reshape([vocab]));
         let expected = fixture.host(&format!("logits_last.{k}"));
@@ -156,7 +156,8 @@ fn parity<B: Backend>(atol: f64, what: &str) {
         // stopped there; ours reports it as `finished`.
         let expected = fixture.ids(&format!("greedy.{k}"));
         let generation = lm
-            .model
+            .f32_model()
+            .unwrap()
             .generate(&[ids], &lm.greedy(expected.len()))
             .unwrap();
         let hyp = &generation.hypotheses[0][0];
@@ -193,7 +194,7 @@ fn cached_generation_equals_full_recomputation() {
     let lm = LanguageModel::<NdArray>::from_gguf(&gguf(), &Default::default()).unwrap();
     let prompt = fixture().metadata_strings("prompts").remove(0);
     let ids = lm.tokenizer.encode(&prompt).unwrap();
-    let state = assert_cached_equals_full(&lm.model, &ids, 12, 1e-3, 0.0);
+    let state = assert_cached_equals_full(lm.f32_model().unwrap(), &ids, 12, 1e-3, 0.0);
     // 3 key/value heads cached, not 9.
     let per_token = 2 * lm.config.n_layers * lm.config.n_kv_heads * lm.config.d_k() * 4;
     assert_eq!(state.cache.bytes(), state.cache.len() * per_token);
@@ -211,5 +212,54 @@ fn batched_prompts_of_different_lengths_decode_as_alone() {
     for (k, prompt) in prompts.iter().enumerate() {
         let alone = lm.complete(prompt, &options, |_| {}).unwrap();
         assert_eq!(batch[k], alone.text, "prompt {k}");
+    }
+}
+
+/// The fixture's prompts repeated until the text is at least `min` tokens long.
+pub(crate) fn long_text(lm_tokens: impl Fn(&str) -> usize, min: usize) -> String {
+    let prompts = fixture().metadata_strings("prompts");
+    let mut text = String::new();
+    while lm_tokens(&text) < min {
+        for p in &prompts {
+            text.push_str(p);
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// Last-position logits (through `last_logits`, which never holds every position's logits)
+/// and 4 greedy tokens of `text` with f32 weights on `B`.
+fn long_prompt_on<B: Backend>(g: &Gguf, text: &str) -> (Vec<f64>, Vec<u32>) {
+    let device = B::Device::default();
+    let lm = LanguageModel::<B>::from_gguf(g, &device).unwrap();
+    let ids = lm.tokenizer.encode(text).unwrap();
+    let model = lm.f32_model().unwrap();
+    let logits = to_vec(&model.last_logits(row::<B>(&ids, &device)).unwrap());
+    let done = lm
+        .complete(text, &lm.greedy(4).with_min_len(4), |_| {})
+        .unwrap();
+    (logits, done.tokens)
+}
+
+/// A prompt of more than 800 tokens on every backend: on wgpu its 800 × 49,152 logits would
+/// not fit in one storage buffer of a WebGPU device's default limits (128 MiB); generation and
+/// `last_logits` project the last position only. Same tolerances as the parity tests, against
+/// ndarray.
+#[test]
+#[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
+fn long_prompts_work_on_every_backend() {
+    let g = gguf();
+    let tokenizer = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
+    let text = long_text(|t| tokenizer.encode(t).unwrap().len(), 800);
+    let (reference, tokens) = long_prompt_on::<NdArray>(&g, &text);
+    let shape = [reference.len()];
+    for (what, atol, (logits, got)) in [
+        ("flex", 1e-3, long_prompt_on::<Flex>(&g, &text)),
+        ("wgpu", 1e-2, long_prompt_on::<WgpuUnfused>(&g, &text)),
+    ] {
+        let what = format!("{what}: last-position logits of an 800-token prompt");
+        assert_close_slices(&logits, &shape, &reference, &shape, atol, 0.0, &what);
+        assert_eq!(got, tokens, "{what}: greedy tokens");
     }
 }

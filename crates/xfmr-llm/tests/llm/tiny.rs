@@ -80,7 +80,7 @@ fn blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut TestRng) -> Vec<u8> 
                 }
             }
         }
-        GgmlType::Other(_) => unreachable!(),
+        _ => unreachable!("the tiny model uses F32, F16, BF16, Q4_0, Q4_1 and Q8_0"),
     }
     out
 }

@@ -1,0 +1,240 @@
+//! Activations quantised to `i8` per block of 32, and the integer products of an unpacked
+//! weight row with them: AVX-512 VNNI, AVX-VNNI and AVX2 paths chosen at run time, a
+//! portable one elsewhere.
+
+use super::formats::{BlockFormat, Sub32, SUB};
+
+/// 32 activations as `d·q`, `q` in −127..=127 (ggml's `Q8_0` scheme, `d = max|x| / 127`),
+/// with `d·Σq` of each half kept for the weights' minimums.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(C, align(32))]
+pub struct ActBlock {
+    /// Quants.
+    pub q: [i8; SUB],
+    /// Scale.
+    pub d: f32,
+    /// `d·Σq` over each half (16 elements).
+    pub sum: [f32; 2],
+}
+
+impl ActBlock {
+    /// Quantises 32 values: `q = round(x / d)`, `d = max|x| / 127` (all zero when `x` is).
+    pub fn quantize(x: &[f32]) -> Self {
+        let x: &[f32; SUB] = x.try_into().expect("32 values");
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut q = [0i8; SUB];
+        for j in 0..SUB {
+            // Clamped: a subnormal `d` makes `id` infinite; |q| ≤ 127 is what the sign trick
+            // and AVX2's unsaturated `vpmaddubsw` rely on.
+            q[j] = (x[j] * id).round().clamp(-127.0, 127.0) as i8;
+        }
+        let half = |h: usize| {
+            q[16 * h..16 * h + 16]
+                .iter()
+                .map(|&v| i32::from(v))
+                .sum::<i32>()
+        };
+        Self {
+            q,
+            d,
+            sum: [d * half(0) as f32, d * half(1) as f32],
+        }
+    }
+}
+
+/// The best path this CPU has, detected once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// `vpdpbusd` on 256-bit registers (AVX-512 VNNI with VL).
+    Avx512Vnni,
+    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, VEX-encoded).
+    AvxVnni,
+    /// `u8`/`i8` widened to `i16` and `vpmaddwd` (AVX2 and FMA).
+    Avx2,
+    /// Plain Rust (any CPU).
+    Portable,
+}
+
+impl Path {
+    /// What this CPU supports, best first.
+    pub fn detect() -> Self {
+        [Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]
+            .into_iter()
+            .find(|p| p.available())
+            .unwrap_or(Self::Portable)
+    }
+
+    /// Whether this CPU has every feature the path's functions enable.
+    pub fn available(self) -> bool {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let simd = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Self::Portable => true,
+                Self::Avx2 => simd,
+                Self::AvxVnni => simd && has!("avxvnni"),
+                Self::Avx512Vnni => {
+                    simd && has!("avx512f") && has!("avx512vnni") && has!("avx512vl")
+                }
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+        {
+            self == Self::Portable
+        }
+    }
+}
+
+/// `Σ_j w_j·x_j` of one unpacked weight row (sub-blocks with the format's `offset`) and one
+/// quantised activation row of the same length, on `path` (which must be
+/// [`available`](Path::available)).
+///
+/// `Σ_h scale_h·d·Σ_j q_j·xq_j` comes from the integer products; the offsets and minimums
+/// add `Σ_h (min_h − scale_h·offset)·d·Σ_j xq_j` from the blocks' half sums.
+pub(super) fn dot_row(path: Path, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut bias = 0f32;
+    for (s, a) in w.iter().zip(x) {
+        bias += (s.min[0] - s.scale[0] * offset as f32) * a.sum[0]
+            + (s.min[1] - s.scale[1] * offset as f32) * a.sum[1];
+    }
+    let products = match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: `path` is available (the callers' contract: `matmul_fused` asserts it).
+        Path::Avx512Vnni => unsafe { x86::products_avx512vnni(w, x) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::AvxVnni => unsafe { x86::products_avxvnni(w, x) },
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::Avx2 => unsafe { x86::products_avx2(w, x) },
+        _ => products_portable(w, x),
+    };
+    products + bias
+}
+
+/// Whether [`dot_blocks`], [`dot_blocks4`] and [`dot_rows4`] serve `format` on `path`:
+/// `Q4_0`, `Q4_1` and `Q8_0` on the SIMD paths.
+pub(super) fn reads_in_place(path: Path, format: BlockFormat) -> bool {
+    path != Path::Portable
+        && matches!(
+            format,
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+        )
+}
+
+/// `Σ_j w_j·x_j` of one row of `Q4_0`, `Q4_1` or `Q8_0` blocks read in place (no unpacking
+/// to [`Sub32`]), on a SIMD `path`; `None` for other formats and the portable path, which
+/// take [`dot_row`].
+pub(super) fn dot_blocks(
+    path: Path,
+    format: BlockFormat,
+    row: &[u8],
+    x: &[ActBlock],
+) -> Option<f32> {
+    if !matches!(
+        format,
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+    ) {
+        return None;
+    }
+    debug_assert_eq!(row.len(), x.len() * format.block_bytes());
+    match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: `path` is available (the callers' contract); `row` holds `x.len()` blocks.
+        Path::Avx512Vnni => Some(unsafe { x86::blocks_avx512vnni(format, row, x) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::AvxVnni => Some(unsafe { x86::blocks_avxvnni(format, row, x) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::Avx2 => Some(unsafe { x86::blocks_avx2(format, row, x) }),
+        _ => None,
+    }
+}
+
+/// As [`dot_blocks`] for four activation rows at once (each weight block read once).
+pub(super) fn dot_blocks4(
+    path: Path,
+    format: BlockFormat,
+    row: &[u8],
+    xs: [&[ActBlock]; 4],
+) -> Option<[f32; 4]> {
+    if !matches!(
+        format,
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+    ) {
+        return None;
+    }
+    match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: `path` is available (the callers' contract); `row` holds the rows' blocks.
+        Path::Avx512Vnni => Some(unsafe { x86::blocks4_avx512vnni(format, row, xs) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::AvxVnni => Some(unsafe { x86::blocks4_avxvnni(format, row, xs) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::Avx2 => Some(unsafe { x86::blocks4_avx2(format, row, xs) }),
+        _ => None,
+    }
+}
+
+/// As [`dot_blocks`] for four weight rows and one activation row (each activation block
+/// loaded once).
+pub(super) fn dot_rows4(
+    path: Path,
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    x: &[ActBlock],
+) -> Option<[f32; 4]> {
+    if !reads_in_place(path, format) {
+        return None;
+    }
+    match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: `path` is available (the callers' contract); each row holds `x.len()` blocks.
+        Path::Avx512Vnni => Some(unsafe { x86::rows4_avx512vnni(format, rows, x) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::AvxVnni => Some(unsafe { x86::rows4_avxvnni(format, rows, x) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        Path::Avx2 => Some(unsafe { x86::rows4_avx2(format, rows, x) }),
+        _ => None,
+    }
+}
+
+/// `Σ_subs Σ_h scale_h·d·Σ_{j∈h} q_j·xq_j` in plain Rust.
+fn products_portable(w: &[Sub32], x: &[ActBlock]) -> f32 {
+    let mut acc = 0f32;
+    for (s, a) in w.iter().zip(x) {
+        let mut sums = [0i32; 2];
+        for (h, sum) in sums.iter_mut().enumerate() {
+            for j in 16 * h..16 * h + 16 {
+                *sum += i32::from(s.q[j]) * i32::from(a.q[j]);
+            }
+        }
+        acc += a.d * (s.scale[0] * sums[0] as f32 + s.scale[1] * sums[1] as f32);
+    }
+    acc
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+#[allow(unsafe_code)]
+mod x86;

@@ -1,0 +1,320 @@
+//! Quantised matrix products on ggml's blocks, as llama.cpp computes them: the weights stay in
+//! their GGUF blocks, activations are quantised to `i8` per block of 32, and each product is
+//! integer arithmetic per block scaled by the two scales.
+//!
+//! - [`BlockFormat`]: the ggml formats (`Q4_0` … `Q8_0`, `Q2_K` … `Q8_K`), [`dequantize`]
+//!   (bit-exact with ggml), and one canonical unpacked form ([`Sub32`]) that every format maps
+//!   to, so that one product kernel serves all of them; `Q4_0`, `Q4_1` and `Q8_0` (the
+//!   commonest) also have kernels that read their blocks in place;
+//! - [`QuantizedMatrix`]: a `[rows, cols]` matrix of blocks and its product with activation
+//!   rows ([`QuantizedMatrix::matmul`]), in parallel over row ranges;
+//! - [`ActivationRows`]: `[n, cols]` activations quantised once and shared by every product
+//!   that reads them (the query, key and value projections of one layer...).
+//!
+//! # Error of a product
+//!
+//! Quantising an activation block to `d·q` with `q = round(x / d)`, `d = max|x| / 127`, moves
+//! each element by at most `d/2`; the integer products and their half sums are exact; so for a
+//! weight row `w` (exact values of its blocks) and an activation row `x` the computed product
+//! differs from `Σ w_j x_j` by at most
+//!
+//! `Σ_blocks (d_b / 2)·Σ_{j∈b} |w_j|  +  ε_f32`,
+//!
+//! `ε_f32` the `f32` rounding of the per-block terms and their sum: a few ulps of
+//! `Σ_j m_j·(|x_j| + d_b)` per block term, `m_j = |scale|·max(q_j, offset) + |min|` the
+//! magnitude of the terms the canonical form adds (larger than `|w_j|` where `q_j` is near the
+//! offset). The tests check this bound on every format.
+
+mod dot;
+mod formats;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use dot::{dot_blocks, dot_blocks4, dot_row, dot_rows4, reads_in_place};
+pub use dot::{ActBlock, Path};
+pub use formats::{dequantize, BlockFormat, Sub32, SUB};
+
+/// Rows of the weight matrix per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// `[n, cols]` activations quantised per block of 32.
+#[derive(Debug, Clone, Default)]
+pub struct ActivationRows {
+    blocks: Vec<ActBlock>,
+    n: usize,
+    cols: usize,
+}
+
+impl ActivationRows {
+    /// Empty; [`quantize`](Self::quantize) fills it (reusing its buffer).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Quantises `x` (`[n, cols]`, row-major, `cols` a multiple of 32), reusing the buffer.
+    ///
+    /// # Panics
+    /// If `cols` is not a multiple of 32 or `x` not `n·cols` long.
+    pub fn quantize(&mut self, x: &[f32], n: usize, cols: usize) {
+        assert!(
+            cols.is_multiple_of(SUB) && x.len() == n * cols,
+            "ActivationRows::quantize: {} values as [{n}, {cols}] (cols must be a multiple of 32)",
+            x.len()
+        );
+        self.blocks.clear();
+        self.blocks
+            .extend(x.chunks_exact(SUB).map(ActBlock::quantize));
+        self.n = n;
+        self.cols = cols;
+    }
+
+    /// Rows.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row `i`'s blocks.
+    pub fn row(&self, i: usize) -> &[ActBlock] {
+        let per = self.cols / SUB;
+        &self.blocks[i * per..(i + 1) * per]
+    }
+}
+
+/// A `[rows, cols]` matrix stored as ggml blocks, row after row (a GGUF tensor with
+/// `dims = [cols, rows]`), borrowed from a shared buffer (a whole GGUF file held once).
+#[derive(Debug, Clone)]
+pub struct QuantizedMatrix {
+    format: BlockFormat,
+    data: Arc<Vec<u8>>,
+    start: usize,
+    rows: usize,
+    cols: usize,
+}
+
+/// A [`QuantizedMatrix`] whose sizes disagree with its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl std::fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+impl QuantizedMatrix {
+    /// Takes the blocks of a `[rows, cols]` matrix.
+    ///
+    /// # Errors
+    /// [`ShapeError`] when `cols` is not whole blocks or `bytes` not `rows` rows of them.
+    pub fn new(
+        format: BlockFormat,
+        bytes: Vec<u8>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, ShapeError> {
+        let len = bytes.len();
+        Self::from_shared(format, Arc::new(bytes), 0..len, rows, cols)
+    }
+
+    /// The blocks of a `[rows, cols]` matrix at `range` of a shared buffer (no copy).
+    ///
+    /// # Errors
+    /// [`ShapeError`] when `cols` is not whole blocks, `range` not `rows` rows of them or
+    /// outside `data`.
+    pub fn from_shared(
+        format: BlockFormat,
+        data: Arc<Vec<u8>>,
+        range: Range<usize>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, ShapeError> {
+        let expected = cols
+            .is_multiple_of(format.block_len())
+            .then(|| (cols / format.block_len()).checked_mul(format.block_bytes()))
+            .flatten()
+            .and_then(|row| row.checked_mul(rows));
+        if expected != Some(range.len()) || range.end > data.len() {
+            return Err(ShapeError(format!(
+                "{} matrix [{rows}, {cols}]: {} bytes at {range:?} of {}; rows must be whole \
+                 blocks of {} elements ({} bytes each)",
+                format.name(),
+                range.len(),
+                data.len(),
+                format.block_len(),
+                format.block_bytes()
+            )));
+        }
+        Ok(Self {
+            format,
+            data,
+            start: range.start,
+            rows,
+            cols,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Rows (outputs of a linear layer).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (inputs of a linear layer).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The blocks.
+    pub fn bytes(&self) -> &[u8] {
+        &self.data[self.start..self.start + self.rows * self.row_bytes()]
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / self.format.block_len() * self.format.block_bytes()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let size = self.row_bytes();
+        &self.data[self.start + r * size..self.start + (r + 1) * size]
+    }
+
+    /// Row `r` dequantised into `out` (`cols` values): an embedding lookup.
+    ///
+    /// # Panics
+    /// If `r ≥ rows` or `out` is not `cols` long.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "row {r} of {}", self.rows);
+        dequantize(self.format, self.row(r), out);
+    }
+
+    /// The whole matrix dequantised, `[rows, cols]` row-major.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        dequantize(self.format, self.bytes(), &mut out);
+        out
+    }
+
+    /// `y = x Wᵀ`: `y[i][r] = Σ_k W[r][k]·x[i][k]` for the `n` rows of `x`, written into `y`
+    /// (`[n, rows]`, row-major), on the best [`Path`] of this CPU.
+    ///
+    /// # Panics
+    /// If `x` is not `cols` wide or `y` not `n·rows` long.
+    pub fn matmul(&self, x: &ActivationRows, y: &mut [f32]) {
+        Self::matmul_fused(Path::detect(), &[self], x, y, &mut Vec::new());
+    }
+
+    /// Products of several matrices of one width with the same activations, as one parallel
+    /// pass over all their rows (a layer's query, key and value projections): `y` is
+    /// `[n, Σ rows]`, each row of `x` followed by the outputs of `parts[0]`, then `parts[1]`...
+    /// Work is split over ranges of rows on rayon's threads. `Q4_0`, `Q4_1` and `Q8_0` rows are
+    /// read in place (four weight rows per activation row when `x` has one row, four
+    /// activation rows per weight row otherwise); other formats' rows are unpacked once and
+    /// multiplied with every row of `x`. `scratch` holds the transposed output of products
+    /// of more than one row (kept by the caller between calls).
+    ///
+    /// # Panics
+    /// If a part is not `x`'s width, `y` not `n·Σ rows` long, or `path` not
+    /// [`available`](Path::available).
+    pub fn matmul_fused(
+        path: Path,
+        parts: &[&Self],
+        x: &ActivationRows,
+        y: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        assert!(path.available(), "{path:?} is not available on this CPU");
+        let total: usize = parts.iter().map(|p| p.rows).sum();
+        assert!(
+            parts.iter().all(|p| p.cols == x.cols()) && y.len() == x.n() * total,
+            "QuantizedMatrix::matmul: [{}, {}] activations, weights {:?}, {} outputs",
+            x.n(),
+            x.cols(),
+            parts.iter().map(|p| [p.rows, p.cols]).collect::<Vec<_>>(),
+            y.len()
+        );
+        let n = x.n();
+        if n == 0 || total == 0 {
+            return;
+        }
+        let subs = x.cols() / SUB;
+        let task = |(t, out): (usize, &mut [f32])| {
+            let mut unpacked = vec![Sub32::default(); subs];
+            let (mut part, mut r) = (0, t * ROWS_PER_TASK);
+            let count = out.len() / n;
+            let mut i = 0;
+            while i < count {
+                while r >= parts[part].rows {
+                    r -= parts[part].rows;
+                    part += 1;
+                }
+                let m = parts[part];
+                let in_place = reads_in_place(path, m.format);
+                if in_place && n == 1 && i + 4 <= count && r + 4 <= m.rows {
+                    // One activation row: four weight rows at a time.
+                    let rows = [m.row(r), m.row(r + 1), m.row(r + 2), m.row(r + 3)];
+                    let four = dot_rows4(path, m.format, rows, x.row(0)).expect("in place");
+                    out[i..i + 4].copy_from_slice(&four);
+                    (i, r) = (i + 4, r + 4);
+                    continue;
+                }
+                let out_row = &mut out[i * n..(i + 1) * n];
+                let row = m.row(r);
+                if in_place {
+                    // Several activation rows: four at a time, then one at a time.
+                    let mut k = 0;
+                    while k + 4 <= n {
+                        let xs = [x.row(k), x.row(k + 1), x.row(k + 2), x.row(k + 3)];
+                        let four = dot_blocks4(path, m.format, row, xs).expect("in place");
+                        out_row[k..k + 4].copy_from_slice(&four);
+                        k += 4;
+                    }
+                    for (k, o) in out_row.iter_mut().enumerate().skip(k) {
+                        *o = dot_blocks(path, m.format, row, x.row(k)).expect("in place");
+                    }
+                } else {
+                    let per_block = m.format.subs();
+                    for (block, dst) in row
+                        .chunks_exact(m.format.block_bytes())
+                        .zip(unpacked.chunks_exact_mut(per_block))
+                    {
+                        m.format.unpack(block, dst);
+                    }
+                    for (k, o) in out_row.iter_mut().enumerate() {
+                        *o = dot_row(path, &unpacked, m.format.offset(), x.row(k));
+                    }
+                }
+                (i, r) = (i + 1, r + 1);
+            }
+        };
+        if n == 1 {
+            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
+        } else {
+            // Row-major over W's rows ([Σ rows, n]), then transposed into y.
+            scratch.clear();
+            scratch.resize(total * n, 0.0);
+            scratch
+                .par_chunks_mut(ROWS_PER_TASK * n)
+                .enumerate()
+                .for_each(task);
+            for (r, col) in scratch.chunks_exact(n).enumerate() {
+                for (i, v) in col.iter().enumerate() {
+                    y[i * total + r] = *v;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The host operations of [`QuantizedLlama`](super::QuantizedLlama)'s forward pass besides
+//! the products: RMSNorm, RoPE on interleaved pairs, causal attention over the cache.
+
+use rayon::prelude::*;
+
+use crate::llama::LlamaConfig;
+
+/// `out = x / √(mean(x²) + ε) · γ`, row by row (rows of `γ.len()`).
+pub(super) fn rms_norm(x: &[f32], gamma: &[f32], eps: f32, out: &mut Vec<f32>) {
+    out.resize(x.len(), 0.0);
+    for (row, o) in x
+        .chunks_exact(gamma.len())
+        .zip(out.chunks_exact_mut(gamma.len()))
+    {
+        let mean = dot(row, row) / row.len() as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, v), g) in o.iter_mut().zip(row).zip(gamma) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+/// Rotates the interleaved pairs `(2i, 2i+1)` of each head of `x` (heads of `d_k`) by
+/// `position·θ^(−2i/d_k)`.
+pub(super) fn rope(x: &mut [f32], d_k: usize, position: usize, theta: f64) {
+    let half = d_k / 2;
+    for i in 0..half {
+        let angle = position as f64 * theta.powf(-2.0 * i as f64 / d_k as f64);
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        for head in x.chunks_exact_mut(d_k) {
+            let (a, b) = (head[2 * i], head[2 * i + 1]);
+            head[2 * i] = a * cos - b * sin;
+            head[2 * i + 1] = b * cos + a * sin;
+        }
+    }
+}
+
+/// Causal attention of the `n` new queries (in `qkv`, rows of `width`, queries first) over
+/// the cache (`past + n` positions), written to `out` (`[n, d]`), heads in parallel.
+pub(super) fn attention(
+    c: &LlamaConfig,
+    qkv: &[f32],
+    width: usize,
+    keys: &[f32],
+    values: &[f32],
+    past: usize,
+    out: &mut [f32],
+) {
+    let d_k = c.d_k();
+    let kv = c.n_kv_heads * d_k;
+    let group = c.n_heads / c.n_kv_heads;
+    let scale = 1.0 / (d_k as f32).sqrt();
+    out.par_chunks_mut(d_k).enumerate().for_each_init(
+        Vec::new,
+        |scores: &mut Vec<f32>, (chunk, o)| {
+            let (i, h) = (chunk / c.n_heads, chunk % c.n_heads);
+            let q = &qkv[i * width + h * d_k..i * width + (h + 1) * d_k];
+            let g = h / group;
+            let visible = past + i + 1;
+            scores.clear();
+            scores.extend((0..visible).map(|t| {
+                let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
+                dot(q, k) * scale
+            }));
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut total = 0.0;
+            for v in scores.iter_mut() {
+                *v = (*v - max).exp();
+                total += *v;
+            }
+            o.fill(0.0);
+            for (t, p) in scores.iter().enumerate() {
+                let v = &values[t * kv + g * d_k..t * kv + (g + 1) * d_k];
+                let w = p / total;
+                o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+            }
+        },
+    );
+}
+
+/// `Σ a_i·b_i` over 8 partial sums, so that it vectorises (a plain `f32` sum is a sequential
+/// chain the compiler may not reorder).
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
