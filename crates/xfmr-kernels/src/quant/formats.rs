@@ -133,7 +133,8 @@ impl BlockFormat {
     /// Whether the block's floating-point scales (`d`, and `dmin` or `m` where the format
     /// has one) are finite: a corrupt block is caught by its reader instead of spreading NaN.
     pub fn scales_finite(self, block: &[u8]) -> bool {
-        let f16_at = |i: usize| f16::from_le_bytes([block[i], block[i + 1]]).is_finite();
+        // Finite unless the five exponent bits are all set (±∞, NaN): no conversion needed.
+        let f16_at = |i: usize| u16::from_le_bytes([block[i], block[i + 1]]) & 0x7c00 != 0x7c00;
         match self {
             Self::Q4_0 | Self::Q5_0 | Self::Q8_0 => f16_at(0),
             Self::Q4_1 | Self::Q5_1 | Self::Q4K | Self::Q5K => f16_at(0) && f16_at(2),
