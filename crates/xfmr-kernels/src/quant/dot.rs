@@ -88,6 +88,30 @@ impl Path {
     }
 }
 
+/// `Some(x86::$f(args))` for the function `$f` of `path` (AVX-512 VNNI, AVX-VNNI, AVX2);
+/// `None` on the portable path and on other architectures. The one place the `unsafe`
+/// `#[target_feature]` functions are called.
+macro_rules! on_simd_path {
+    ($path:expr, $avx512vnni:ident, $avxvnni:ident, $avx2:ident ($($arg:expr),*)) => {
+        match $path {
+            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            #[allow(unsafe_code)]
+            // SAFETY: the path is available (the callers' contract: `matmul_fused` asserts it
+            // in all builds); the functions assert their length preconditions themselves.
+            Path::Avx512Vnni => Some(unsafe { x86::$avx512vnni($($arg),*) }),
+            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            Path::AvxVnni => Some(unsafe { x86::$avxvnni($($arg),*) }),
+            #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            Path::Avx2 => Some(unsafe { x86::$avx2($($arg),*) }),
+            _ => None,
+        }
+    };
+}
+
 /// `Σ_j w_j·x_j` of one unpacked weight row (sub-blocks with the format's `offset`) and one
 /// quantised activation row of the same length, on `path` (which must be
 /// [`available`](Path::available)).
@@ -101,21 +125,13 @@ pub(super) fn dot_row(path: Path, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f
         bias += (s.min[0] - s.scale[0] * offset as f32) * a.sum[0]
             + (s.min[1] - s.scale[1] * offset as f32) * a.sum[1];
     }
-    let products = match path {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: `path` is available (the callers' contract: `matmul_fused` asserts it).
-        Path::Avx512Vnni => unsafe { x86::products_avx512vnni(w, x) },
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::AvxVnni => unsafe { x86::products_avxvnni(w, x) },
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::Avx2 => unsafe { x86::products_avx2(w, x) },
-        _ => products_portable(w, x),
-    };
+    let products = on_simd_path!(
+        path,
+        products_avx512vnni,
+        products_avxvnni,
+        products_avx2(w, x)
+    )
+    .unwrap_or_else(|| products_portable(w, x));
     products + bias
 }
 
@@ -138,28 +154,15 @@ pub(super) fn dot_blocks(
     row: &[u8],
     x: &[ActBlock],
 ) -> Option<f32> {
-    if !matches!(
-        format,
-        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
-    ) {
+    if !reads_in_place(path, format) {
         return None;
     }
-    debug_assert_eq!(row.len(), x.len() * format.block_bytes());
-    match path {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: `path` is available (the callers' contract); `row` holds `x.len()` blocks.
-        Path::Avx512Vnni => Some(unsafe { x86::blocks_avx512vnni(format, row, x) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::AvxVnni => Some(unsafe { x86::blocks_avxvnni(format, row, x) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::Avx2 => Some(unsafe { x86::blocks_avx2(format, row, x) }),
-        _ => None,
-    }
+    on_simd_path!(
+        path,
+        blocks_avx512vnni,
+        blocks_avxvnni,
+        blocks_avx2(format, row, x)
+    )
 }
 
 /// As [`dot_blocks`] for four activation rows at once (each weight block read once).
@@ -169,27 +172,15 @@ pub(super) fn dot_blocks4(
     row: &[u8],
     xs: [&[ActBlock]; 4],
 ) -> Option<[f32; 4]> {
-    if !matches!(
-        format,
-        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
-    ) {
+    if !reads_in_place(path, format) {
         return None;
     }
-    match path {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: `path` is available (the callers' contract); `row` holds the rows' blocks.
-        Path::Avx512Vnni => Some(unsafe { x86::blocks4_avx512vnni(format, row, xs) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::AvxVnni => Some(unsafe { x86::blocks4_avxvnni(format, row, xs) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::Avx2 => Some(unsafe { x86::blocks4_avx2(format, row, xs) }),
-        _ => None,
-    }
+    on_simd_path!(
+        path,
+        blocks4_avx512vnni,
+        blocks4_avxvnni,
+        blocks4_avx2(format, row, xs)
+    )
 }
 
 /// As [`dot_blocks`] for four weight rows and one activation row (each activation block
@@ -203,21 +194,12 @@ pub(super) fn dot_rows4(
     if !reads_in_place(path, format) {
         return None;
     }
-    match path {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: `path` is available (the callers' contract); each row holds `x.len()` blocks.
-        Path::Avx512Vnni => Some(unsafe { x86::rows4_avx512vnni(format, rows, x) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::AvxVnni => Some(unsafe { x86::rows4_avxvnni(format, rows, x) }),
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        #[allow(unsafe_code)]
-        // SAFETY: as above.
-        Path::Avx2 => Some(unsafe { x86::rows4_avx2(format, rows, x) }),
-        _ => None,
-    }
+    on_simd_path!(
+        path,
+        rows4_avx512vnni,
+        rows4_avxvnni,
+        rows4_avx2(format, rows, x)
+    )
 }
 
 /// `Σ_subs Σ_h scale_h·d·Σ_{j∈h} q_j·xq_j` in plain Rust.

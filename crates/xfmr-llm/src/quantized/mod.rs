@@ -317,9 +317,9 @@ impl QuantizedLlama {
         for (l, layer) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &layer.attn_norm, eps, &mut s.h);
             s.qkv.resize(n * width, 0.0);
-            let qkv: Vec<&QuantizedLinear> = layer.qkv.iter().collect();
+            let [q, k, v] = &layer.qkv;
             QuantizedLinear::forward_fused(
-                &qkv,
+                &[q, k, v],
                 &s.h,
                 n,
                 &mut s.qkv,
@@ -357,9 +357,9 @@ impl QuantizedLlama {
             rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.h);
             let ff = c.d_ff;
             s.gate_up.resize(n * 2 * ff, 0.0);
-            let gate_up: Vec<&QuantizedLinear> = layer.gate_up.iter().collect();
+            let [gate, up] = &layer.gate_up;
             QuantizedLinear::forward_fused(
-                &gate_up,
+                &[gate, up],
                 &s.h,
                 n,
                 &mut s.gate_up,
@@ -389,8 +389,7 @@ impl QuantizedLlama {
         }
         row.len = past + n;
         // The last position only: final norm and logits.
-        let last = s.x[(n - 1) * d..].to_vec();
-        rms_norm(&last, &self.norm, eps, &mut s.h);
+        rms_norm(&s.x[(n - 1) * d..], &self.norm, eps, &mut s.h);
         let output = self.output.as_ref().unwrap_or(&self.embedding);
         s.logits.resize(c.vocab_size, 0.0);
         QuantizedLinear::forward_fused(
