@@ -53,16 +53,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NEW_TOKENS = 128
-# About 100 tokens of Genesis 1 (King James Version, public domain).
-PROMPT = (
-    "In the beginning God created the heaven and the earth. And the earth was without form, "
-    "and void; and darkness was upon the face of the deep. And the Spirit of God moved upon the "
-    "face of the waters. And God said, Let there be light: and there was light. And God saw the "
-    "light, that it was good: and God divided the light from the darkness. And God called the "
-    "light Day, and the darkness he called Night. And the evening and the morning were the first "
-    "day. And God said,"
-)
+# The same prompt and length as the transformers comparison (this script's directory is on
+# sys.path when it runs, the child included).
+from compare_generate import NEW_TOKENS, PROMPT  # noqa: E402
+
 XFMR_LINE = re.compile(r"prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tokens/s\); "
                        r"generated: (\d+) tokens, ([0-9.]+) tokens/s")
 XFMR_LOAD = re.compile(r"loaded in ([0-9.]+) s")
