@@ -47,10 +47,12 @@ def gguf_path():
 
 def xfmr(backend, path, repeats):
     env = dict(os.environ, RAYON_NUM_THREADS="2")
+    # The GPU backends are cargo features of the CLI.
+    features = ["--features", backend] if backend in ("wgpu", "cuda") else []
     runs, text = [], None
     for i in range(repeats + 1):
         run = subprocess.run(
-            ["cargo", "run", "--release", "-q", "-p", "xfmr-cli", "--", "generate",
+            ["cargo", "run", "--release", "-q", "-p", "xfmr-cli", *features, "--", "generate",
              "--backend", backend, "--model", path, "--max-tokens", str(NEW_TOKENS),
              "--min-tokens", str(NEW_TOKENS), PROMPT],
             cwd=ROOT, check=True, capture_output=True, text=True, env=env,
@@ -66,7 +68,7 @@ def xfmr(backend, path, repeats):
     return runs, text
 
 
-def peer(path, repeats, threads):
+def peer(path, repeats, threads, device="cpu"):
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -78,8 +80,8 @@ def peer(path, repeats, threads):
     directory, name = os.path.split(path)
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    model.eval()
-    ids = tok(PROMPT, return_tensors="pt").input_ids
+    model.eval().to(device)
+    ids = tok(PROMPT, return_tensors="pt").input_ids.to(device)
 
     class Clock(BaseStreamer):
         def __init__(self):

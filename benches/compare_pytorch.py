@@ -20,11 +20,19 @@ run on one machine, printed as one ratio table (throughput, higher is better; xf
 - W5: all-MiniLM-L6-v2 embeddings of 1,000 sentences, batch 32 (`benches/compare_embed.py`).
 - W6: SmolLM2-135M generation tokens/s (`benches/compare_generate.py`).
 
-f32, `--threads` threads on both sides (`RAYON_NUM_THREADS` for xfmr, `torch.set_num_threads`),
-median of `--iters` timed runs after warm-ups. Every measurement runs in a process of its own, so
-the peak resident memory (RSS) of each is reported too.
+f32, `--threads` threads on both sides (`RAYON_NUM_THREADS` for xfmr, and as many training
+replicas for W3's `xfmr train`; `torch.set_num_threads`), median of `--iters` timed runs after
+warm-ups. Every measurement runs in a process of its own, so the peak resident memory (RSS) of
+each is reported too.
 
     python3 benches/compare_pytorch.py [--workloads w1 w2 w3 w4 w5 w6] [--iters 10] [--rounds 3]
+
+The GPU side, on a machine with an NVIDIA GPU: `--device cuda` runs PyTorch on CUDA (W1: its
+`nn.MultiheadAttention` inference fast path, which calls `scaled_dot_product_attention`; each
+timed run ends with `torch.cuda.synchronize()`) and xfmr on `--backends wgpu cuda` (default
+there), built with the `wgpu` and `cuda` features; W1-W3 and W6 (W4 and W5 stay CPU workloads).
+
+    python3 benches/compare_pytorch.py --device cuda --workloads w1 w2 w3 w6
 
 W1-W4 run in `--rounds` rounds that alternate xfmr (each backend) and PyTorch; each reported row
 is its median round. This shared 2-core machine varies by up to 1.5x over minutes, and a single
@@ -90,7 +98,8 @@ def torch_worker(workload, args, *extra):
     """Runs this script as a PyTorch worker in its own process; None if the peer is missing
     (the worker exits with 3 then)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", workload, "--iters",
-           str(args.iters), "--threads", str(args.threads), "--skip", str(args.skip), *extra]
+           str(args.iters), "--threads", str(args.threads), "--skip", str(args.skip),
+           "--device", args.device, *extra]
     code, stdout, stderr, rss = run_measured(cmd)
     if code == 3:
         print(f"{workload}: PyTorch peer skipped: {stderr.strip()}", file=sys.stderr)
@@ -106,21 +115,34 @@ def torch_worker(workload, args, *extra):
 # The PyTorch side (run with --worker).
 
 
+# The worker's device ("cpu" or "cuda"), set by `worker`.
+DEVICE = "cpu"
+
+
+def sync(torch):
+    """Waits for the GPU's queued work (a no-op on the CPU), so a timed run includes it."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def median_secs(iters, f, warmup=2):
+    import torch
     for _ in range(warmup):
         f()
+    sync(torch)
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         f()
+        sync(torch)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
 def worker_w1(torch, iters):
     batch, seq, d_model, heads = 8, 256, 512, 8
-    mha = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
-    x = torch.rand(batch, seq, d_model)
+    mha = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval().to(DEVICE)
+    x = torch.rand(batch, seq, d_model, device=DEVICE)
     with torch.inference_mode():
         secs = median_secs(iters, lambda: mha(x, x, x, need_weights=False))
     return secs, batch, "sequences"
@@ -129,8 +151,8 @@ def worker_w1(torch, iters):
 def worker_w2(torch, iters):
     batch, seq = 8, 128
     layer = torch.nn.TransformerEncoderLayer(512, 8, 2048, dropout=0.0, batch_first=True)
-    encoder = torch.nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval()
-    x = torch.rand(batch, seq, 512)
+    encoder = torch.nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).eval().to(DEVICE)
+    x = torch.rand(batch, seq, 512, device=DEVICE)
     with torch.inference_mode():
         secs = median_secs(iters, lambda: encoder(x))
     return secs, batch * seq, "tokens"
@@ -241,17 +263,18 @@ def worker_w3(torch, iters, tokenizer_json, skip, max_tokens=2000, max_len=100, 
             return self.drop(x)
 
         def forward(self, src, tgt_in):
-            causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1])
+            causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1],
+                                                                    device=DEVICE)
             h = self.core(self.inputs(src), self.inputs(tgt_in), tgt_mask=causal,
                           src_key_padding_mask=src == pad, tgt_key_padding_mask=tgt_in == pad,
                           memory_key_padding_mask=src == pad, tgt_is_causal=True)
             return h @ self.embed.weight.T  # tied output projection
 
-    model = Model().train()
+    model = Model().train().to(DEVICE)
     optim = torch.optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
 
     def padded(rows, length):
-        return torch.tensor([r + [pad] * (length - len(r)) for r in rows])
+        return torch.tensor([r + [pad] * (length - len(r)) for r in rows], device=DEVICE)
 
     times, tokens = [], []
     for step in range(skip + iters):
@@ -280,6 +303,11 @@ def worker(args):
     except ImportError as e:
         print(f"torch not importable ({e})", file=sys.stderr)
         sys.exit(3)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        print("torch.cuda.is_available() is False", file=sys.stderr)
+        sys.exit(3)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.worker == "w3":
@@ -288,7 +316,7 @@ def worker(args):
         secs, units, unit = {"w1": worker_w1, "w2": worker_w2, "w4": worker_w4}[args.worker](
             torch, args.iters)
     print(json.dumps({"workload": args.worker.upper(), "impl": f"pytorch {torch.__version__}",
-                      "backend": "cpu", "median_ms": secs * 1e3, "per_s": units / secs,
+                      "backend": DEVICE, "median_ms": secs * 1e3, "per_s": units / secs,
                       "unit": unit}))
 
 
@@ -309,10 +337,13 @@ def xfmr_w3(backend, iters, skip, threads, out):
     # A fresh run every round: `xfmr train` resumes a run directory that is already there, and
     # would only read back the previous round's metrics.
     shutil.rmtree(run, ignore_errors=True)
+    # On a CPU backend one replica per thread, the step's batch split between them (the
+    # default of `xfmr train` is one per core); on a GPU one.
+    replicas = threads if backend in ("ndarray", "flex") else 1
     _, _, rss = checked(
         [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps),
          "--checkpoint-every", str(steps), "--eval-every", "1000000", "--average", "1",
-         "--test-sentences", "0"], xfmr_env(threads))
+         "--test-sentences", "0", "--devices", str(replicas)], xfmr_env(threads))
     with open(os.path.join(run, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"train"' in line]
     times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])][skip - 1:]
@@ -333,7 +364,7 @@ def w5_rows(backends, repeats, threads):
     seconds, reference = ce.peer(sentences, model, repeats, threads)
     if seconds is not None:
         import torch
-        rows.append({"workload": "W5", "impl": f"pytorch {torch.__version__}", "backend": "cpu",
+        rows.append({"workload": "W5", "impl": f"pytorch {torch.__version__}", "backend": "peer",
                      "per_s": len(sentences) / seconds, "unit": "sentences"})
     for backend in backends:
         seconds, vectors = ce.xfmr(backend, path, model, repeats)
@@ -349,13 +380,13 @@ def w5_rows(backends, repeats, threads):
     return rows
 
 
-def w6_rows(backends, repeats, threads):
+def w6_rows(backends, repeats, threads, device):
     import compare_generate as cg
     path = cg.gguf_path()
     rows = []
-    runs, _, name = cg.peer(path, repeats, threads)
+    runs, _, name = cg.peer(path, repeats, threads, device)
     if runs:
-        rows.append({"workload": "W6", "impl": f"transformers ({name})", "backend": "cpu",
+        rows.append({"workload": "W6", "impl": f"transformers ({name})", "backend": "peer",
                      "per_s": statistics.median(r[2] for r in runs), "unit": "tokens"})
     for backend in backends:
         runs, _ = cg.xfmr(backend, path, repeats)
@@ -369,7 +400,7 @@ def print_table(rows):
           f"| peak RSS (MiB) |\n|---|---|---|---|---|---|---|")
     for workload in sorted({r["workload"] for r in rows}):
         group = [r for r in rows if r["workload"] == workload]
-        peer = next((r for r in group if r["backend"] == "cpu"), None)
+        peer = next((r for r in group if r["impl"] != "xfmr"), None)
         for r in group:
             ratio = f"{r['per_s'] / peer['per_s']:.2f}×" if peer else "–"
             ms = f"{r['median_ms']:.1f}" if "median_ms" in r else "–"
@@ -381,7 +412,10 @@ def print_table(rows):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", nargs="+", default=["w1", "w2", "w3", "w4", "w5", "w6"])
-    p.add_argument("--backends", nargs="+", default=["ndarray", "flex"])
+    p.add_argument("--backends", nargs="+",
+                   help="xfmr's backends (default: ndarray flex; with --device cuda: wgpu cuda)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="PyTorch's device (cuda: the GPU side, see the docstring)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip", type=int, default=5, help="W3: warm-up steps left out")
     p.add_argument("--threads", type=int, default=2)
@@ -393,11 +427,18 @@ def main():
     if args.worker:
         return worker(args)
 
+    gpu = args.device == "cuda"
+    if args.backends is None:
+        args.backends = ["wgpu", "cuda"] if gpu else ["ndarray", "flex"]
     # `flex`: the facade's flex backend as users get it (AVX-512 gemm kernels, xfmr's attention
-    # kernel).
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--features", "flex",
-                    "--example", "workloads"], cwd=ROOT, check=True)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli"], cwd=ROOT, check=True)
+    # kernel); on a GPU machine also wgpu and CUDA.
+    gpu_features = ["wgpu", "cuda"] if gpu else []
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--features",
+                    ",".join(["flex", *gpu_features]), "--example", "workloads"], cwd=ROOT,
+                   check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli",
+                    *(["--features", ",".join(gpu_features)] if gpu else [])], cwd=ROOT,
+                   check=True)
     rows = []
     with tempfile.TemporaryDirectory() as out:
         for w in args.workloads:
@@ -429,7 +470,8 @@ def main():
                 rows.extend(w5_rows(args.backends, max(3, args.iters // 3), args.threads))
                 peer = None
             elif w == "w6":
-                rows.extend(w6_rows(args.backends, max(3, args.iters // 2), args.threads))
+                rows.extend(w6_rows(args.backends, max(3, args.iters // 2), args.threads,
+                                   args.device))
                 peer = None
             else:
                 sys.exit(f"unknown workload {w}")

@@ -160,7 +160,13 @@ fn main() {
         match backend {
             "ndarray" => run::<NdArray>(workload, backend, iters),
             "flex" => run::<Flex>(workload, backend, iters),
-            other => panic!("unknown backend {other:?}: ndarray or flex"),
+            #[cfg(feature = "wgpu")]
+            "wgpu" => run::<burn::backend::Wgpu>(workload, backend, iters),
+            #[cfg(feature = "cuda")]
+            "cuda" => run::<burn::backend::Cuda>(workload, backend, iters),
+            other => panic!(
+                "unknown backend {other:?}: ndarray, flex, or wgpu / cuda with those features"
+            ),
         }
     }
 }

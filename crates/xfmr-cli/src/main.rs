@@ -57,7 +57,7 @@ enum Command {
     /// or, with `--task lm|mlm`, a GPT-like or BERT-like model of the English side.
     Train {
         /// Backend to run on.
-        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
         backend: BackendKind,
         #[command(flatten)]
         args: train::TrainArgs,
@@ -74,7 +74,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         n_best: usize,
         /// Backend to run on.
-        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
         backend: BackendKind,
         /// Sentences to translate (none: read stdin).
         sentences: Vec<String>,
@@ -96,7 +96,7 @@ enum Command {
         #[arg(long)]
         hypotheses: Option<PathBuf>,
         /// Backend to run on.
-        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
         backend: BackendKind,
     },
     /// PNG heatmaps of a sentence's encoder self-attention and cross-attention over its
@@ -109,7 +109,7 @@ enum Command {
         #[arg(long, default_value = "attention")]
         out: PathBuf,
         /// Backend to run on.
-        #[arg(long, value_enum, default_value_t = BackendKind::Ndarray)]
+        #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
         backend: BackendKind,
         /// The source sentence.
         sentence: String,
@@ -240,14 +240,73 @@ struct ModelArgs {
 }
 
 /// A burn backend compiled into this binary.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum BackendKind {
+    /// The fastest this machine has among those compiled in: CUDA when an NVIDIA device
+    /// answers, else wgpu on a real GPU adapter (discrete, integrated or virtual; not a
+    /// software Vulkan driver), else flex, else ndarray.
+    Auto,
     /// burn-ndarray (CPU).
     Ndarray,
     /// burn-flex (CPU).
     Flex,
     /// burn-wgpu (GPU, or CPU through a software Vulkan driver).
     Wgpu,
+    /// burn-cuda (NVIDIA GPUs; the `cuda` feature; needs the driver, NVRTC and the CUDA headers
+    /// at run time, see the README).
+    Cuda,
+}
+
+impl BackendKind {
+    /// The backend `self` names: `auto` resolved on this machine (see [`BackendKind::Auto`]).
+    fn resolve(self) -> Self {
+        if self != Self::Auto {
+            return self;
+        }
+        #[cfg(feature = "cuda")]
+        if quietly(|| <xfmr::burn::backend::Cuda as Backend>::device_count(0)).unwrap_or(0) > 0 {
+            return Self::Cuda;
+        }
+        // wgpu's device kinds: 0 discrete, 1 integrated, 2 virtual GPUs (3 is a CPU adapter).
+        #[cfg(feature = "wgpu")]
+        if (0..3).any(|kind| {
+            quietly(|| <xfmr::burn::backend::Wgpu as Backend>::device_count(kind)).unwrap_or(0) > 0
+        }) {
+            return Self::Wgpu;
+        }
+        if cfg!(feature = "flex") {
+            Self::Flex
+        } else {
+            Self::Ndarray
+        }
+    }
+
+    /// Whether the backend runs on the CPU (ndarray, flex): its one device can host a
+    /// replica per core.
+    fn is_cpu(self) -> bool {
+        matches!(self, Self::Ndarray | Self::Flex)
+    }
+
+    /// The `--backend` value.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Ndarray => "ndarray",
+            Self::Flex => "flex",
+            Self::Wgpu => "wgpu",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+/// `probe()`, or `None` when it panics (a missing driver library), without the panic message.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn quietly<T>(probe: impl FnOnce() -> T + std::panic::UnwindSafe) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(probe).ok();
+    std::panic::set_hook(hook);
+    result
 }
 
 /// Runs `$body` with `B` bound to the chosen backend, or says how to compile it in. `wgpu` is
@@ -260,7 +319,7 @@ macro_rules! with_backend {
         })
     };
     ($kind:expr, $command:literal, wgpu = $wgpu:ty, |$b:ident| $body:expr) => {
-        match $kind {
+        match $kind.resolve() {
             #[cfg(feature = "ndarray")]
             BackendKind::Ndarray => {
                 type $b = xfmr::burn::backend::NdArray;
@@ -276,15 +335,17 @@ macro_rules! with_backend {
                 type $b = $wgpu;
                 $body
             }
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                type $b = xfmr::burn::backend::Cuda;
+                $body
+            }
             #[allow(unreachable_patterns)]
             other => Err(anyhow!(
                 "the {name} backend is not compiled into this binary: rebuild with \
-                 `cargo run -p xfmr-cli --features {name} -- {} --backend {name}`",
+                 `cargo run --release -p xfmr-cli --features {name} -- {} --backend {name}`",
                 $command,
-                name = other
-                    .to_possible_value()
-                    .expect("no skipped variants")
-                    .get_name()
+                name = other.name()
             )),
         }
     };
@@ -294,9 +355,16 @@ fn main() -> ExitCode {
     alloc::keep_memory();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Train { backend, args } => with_backend!(backend, "train", |B| {
-            train::train::<xfmr::burn::backend::Autodiff<B>>(&args)
-        }),
+        Command::Train { backend, mut args } => {
+            let kind = backend.resolve();
+            if backend == BackendKind::Auto {
+                eprintln!("backend: {} (--backend auto)", kind.name());
+            }
+            args.cpu_backend = kind.is_cpu();
+            with_backend!(kind, "train", |B| {
+                train::train::<xfmr::burn::backend::Autodiff<B>>(&args)
+            })
+        }
         Command::FillMask {
             run,
             top,
@@ -366,7 +434,7 @@ fn main() -> ExitCode {
                 backend,
                 "generate",
                 wgpu = xfmr::backend::WgpuUnfused,
-                |B| generate::generate::<B>(&args, backend == BackendKind::Wgpu)
+                |B| generate::generate::<B>(&args, backend.resolve() == BackendKind::Wgpu)
             )
         }
         Command::Embed {

@@ -10,11 +10,14 @@ use xfmr_train::{Event, Observer, TrainError};
 pub(crate) struct ProgressLines {
     bar: ProgressBar,
     rate: TokenRate,
+    agreements: bool,
 }
 
 impl ProgressLines {
-    /// A bar on the terminal (`visible`), or none that prints only the lines.
-    pub(crate) fn new(visible: bool) -> Self {
+    /// A bar on the terminal (`visible`), or none that prints only the lines; the replicas'
+    /// parameter fingerprints are printed when `agreements` (data parallelism asked for, rather
+    /// than the CPU's default replicas).
+    pub(crate) fn new(visible: bool, agreements: bool) -> Self {
         let bar = if visible {
             ProgressBar::new(0)
         } else {
@@ -30,6 +33,7 @@ impl ProgressLines {
         Self {
             bar,
             rate: TokenRate::new(),
+            agreements,
         }
     }
 
@@ -73,7 +77,7 @@ impl Observer for ProgressLines {
                 device,
                 fingerprint,
                 ..
-            } => self.line(format!(
+            } if self.agreements => self.line(format!(
                 "rank {rank} device {device}: parameters at step {step}: fingerprint \
                  {fingerprint:016x}"
             )),
@@ -82,7 +86,7 @@ impl Observer for ProgressLines {
                 loss.loss,
                 loss.perplexity()
             )),
-            Event::Checkpoint { .. } => {}
+            Event::Checkpoint { .. } | Event::Agreement { .. } => {}
             Event::Finished(summary) => {
                 self.bar.finish();
                 if let Some(dir) = &summary.final_model {

@@ -31,20 +31,21 @@ pub struct ParallelArgs {
     /// the ranks it waited for.
     #[arg(long, default_value_t = 600)]
     pub peer_timeout: u64,
-    /// Model replicas in this process, one per device (the GPUs of one machine), each on its
-    /// own thread with its share of every batch (docs/distributed.md). Devices `0..N` of the
-    /// backend's default kind, else of its discrete GPUs; a backend with fewer (the CPU
-    /// backends have one) puts every replica on its default device: no faster, for testing.
-    #[arg(long, default_value_t = 1)]
-    pub devices: u32,
+    /// Model replicas in this process, each on its own thread with its share of every batch
+    /// (docs/distributed.md): one per device, devices `0..N` of the backend's default kind,
+    /// else of its discrete GPUs. The CPU backends have one device, which the replicas share,
+    /// each on its own cores: their default is one replica per core (the step's work split
+    /// over the cores where one replica leaves some idle). Default: 1 on a GPU backend.
+    #[arg(long)]
+    pub devices: Option<u32>,
 }
 
 impl ParallelArgs {
     /// The data-parallel configuration, `None` when training alone. Installs a log subscriber
     /// for burn's collective (warnings and errors on stderr: without one, burn-communication
     /// installs its own, printing every transfer on stdout).
-    pub fn config(&self) -> Result<Option<DataParallelConfig>> {
-        if self.nodes <= 1 && self.devices <= 1 {
+    pub fn config(&self, devices: u32) -> Result<Option<DataParallelConfig>> {
+        if self.nodes <= 1 && devices <= 1 {
             return Ok(None);
         }
         let port = match self.data_port {
@@ -52,11 +53,13 @@ impl ParallelArgs {
             None => u16::try_from(29501 + self.rank)
                 .map_err(|_| anyhow!("--rank {} leaves no default --data-port", self.rank))?,
         };
-        eprintln!(
-            "rank {} of {} ({} device(s)): joining the run coordinated at {} (serving on \
-             {}:{port})",
-            self.rank, self.nodes, self.devices, self.coordinator, self.host
-        );
+        if self.nodes > 1 {
+            eprintln!(
+                "rank {} of {} ({devices} replica(s)): joining the run coordinated at {} \
+                 (serving on {}:{port})",
+                self.rank, self.nodes, self.coordinator, self.host
+            );
+        }
         let _ = tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
@@ -69,9 +72,21 @@ impl ParallelArgs {
                 self.host.as_str(),
                 port,
             )
-            .with_devices(self.devices)
+            .with_devices(devices)
             .with_timeout(Duration::from_secs(self.peer_timeout)),
         ))
+    }
+
+    /// The replicas of this process: `--devices`, else one per core on a CPU backend (`cpu`)
+    /// and one on a GPU backend.
+    pub fn replicas(&self, cpu: bool) -> u32 {
+        self.devices.unwrap_or_else(|| {
+            if cpu {
+                std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+            } else {
+                1
+            }
+        })
     }
 }
 

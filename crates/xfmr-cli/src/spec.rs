@@ -136,6 +136,10 @@ impl TrainArgs {
             .with_accumulate(self.accumulate)
             .with_warmup(self.warmup)
             .with_lr_factor(self.lr_factor)
+            .with_decay(match self.decay {
+                crate::train::DecayArg::InverseSqrt => None,
+                crate::train::DecayArg::Linear => Some(xfmr_train::Decay::Linear),
+            })
             .with_seed(self.seed)
             .with_eval_every(self.eval_every)
             .with_checkpoint_every(self.checkpoint_every)

@@ -14,7 +14,7 @@ use xfmr::burn::tensor::{Int, Tensor, TensorData};
 use xfmr::io::write_atomic;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
-use xfmr_train::translate::{score, translate};
+use xfmr_train::translate::{score, score_by_source_length, translate, LengthBucket};
 use xfmr_train::SubwordTokenizer;
 
 use crate::plot;
@@ -24,7 +24,12 @@ pub(crate) fn tokenizer_path(run: &Path) -> PathBuf {
     run.join("tokenizer.json")
 }
 
-/// Greedy and beam BLEU/chrF on `test`, hypotheses written under `out`, a few samples printed.
+/// The source-length ranges (characters) the test scores are broken down by: the embedded set's
+/// verses have at most 100, the full corpus's average ~130.
+const LENGTH_EDGES: [usize; 4] = [50, 100, 150, 200];
+
+/// Greedy and beam BLEU/chrF on `test`, overall and by source length, hypotheses written under
+/// `out`, a few samples printed.
 pub(crate) fn evaluate_and_show<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
@@ -57,12 +62,23 @@ pub(crate) fn evaluate_and_show<B: Backend>(
             scores.chrf,
             seconds
         );
+        let buckets = score_by_source_length(&sources, &hyps, &refs, &LENGTH_EDGES)?;
+        print_buckets(&buckets);
         let path = out.join(format!("test.{name}.txt"));
         write_atomic(&path, (hyps.join("\n") + "\n").as_bytes())?;
+        let by_length: Vec<Value> = buckets
+            .iter()
+            .map(|b| {
+                json!({"min_chars": b.min_chars, "max_chars": b.max_chars,
+                       "sentences": b.sentences, "bleu": b.scores.bleu.score,
+                       "bp": b.scores.bleu.bp, "chrf": b.scores.chrf})
+            })
+            .collect();
         results.insert(
             name.into(),
             json!({"bleu": scores.bleu.score, "chrf": scores.chrf, "sentences": test.len(),
-                   "bleu_detail": format!("{:?}", scores.bleu), "seconds": seconds}),
+                   "bp": scores.bleu.bp, "bleu_detail": format!("{:?}", scores.bleu),
+                   "seconds": seconds, "by_source_length": by_length}),
         );
         outputs.push(hyps);
     }
@@ -75,6 +91,20 @@ pub(crate) fn evaluate_and_show<B: Backend>(
         println!("beam:      {}", outputs[1][i]);
     }
     Ok(())
+}
+
+/// One line per source-length range: sentences, BLEU, brevity penalty.
+fn print_buckets(buckets: &[LengthBucket]) {
+    for b in buckets {
+        println!(
+            "    source {:>3}–{:<3} chars: {:>4} sentences, BLEU {:5.2}, brevity penalty {:.3}",
+            b.min_chars,
+            b.max_chars.map_or(String::new(), |m| (m - 1).to_string()),
+            b.sentences,
+            b.scores.bleu.score,
+            b.scores.bleu.bp
+        );
+    }
 }
 
 /// Greedy for `beam ≤ 1`, else beam search (α = 0.6) returning `n_best` hypotheses.
@@ -213,6 +243,12 @@ pub fn eval_cmd<B: Backend>(
         scores.chrf
     );
     println!("{:?}", scores.bleu);
+    print_buckets(&score_by_source_length(
+        &sources,
+        &hyps,
+        &refs,
+        &LENGTH_EDGES,
+    )?);
     if let Some(path) = hypotheses {
         write_atomic(path, (hyps.join("\n") + "\n").as_bytes())?;
     }

@@ -37,6 +37,6 @@ pub use objective::{CausalLm, Example, MaskedLm, Objective, Translation};
 pub use replicas::{local_devices, open_replicas, run_replicas};
 pub use tokenizer::SubwordTokenizer;
 pub use trainer::{
-    Event, MetricsFormat, MetricsLog, Observer, Progress, RunSummary, Silent, StepReport, Tee,
-    TrainConfig, TrainError, Trainer,
+    Decay, Event, MetricsFormat, MetricsLog, Observer, Progress, RunSummary, Silent, StepReport,
+    Tee, TrainConfig, TrainError, Trainer,
 };

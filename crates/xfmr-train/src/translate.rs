@@ -108,3 +108,59 @@ pub fn score(hyps: &[String], refs: &[String]) -> Result<Scores, MetricError> {
         chrf: corpus_chrf(hyps, &refs)?,
     })
 }
+
+/// The scores of the sentences whose source length falls in one range.
+#[derive(Debug, Clone)]
+pub struct LengthBucket {
+    /// Shortest source in the range, in characters (inclusive).
+    pub min_chars: usize,
+    /// The range's end in characters (exclusive); `None` for the last, open range.
+    pub max_chars: Option<usize>,
+    /// Sentences in the range.
+    pub sentences: usize,
+    /// Their corpus BLEU (brevity penalty in `bleu.bp`) and chrF.
+    pub scores: Scores,
+}
+
+/// [`score`] per source-length range: `edges` (characters, ascending) cut the sources into
+/// `[0, e₁)`, `[e₁, e₂)`, …, `[eₙ, ∞)`; empty ranges are left out. Where a model's quality
+/// depends on the length it was trained on, this shows it: BLEU falling and the brevity penalty
+/// dropping below 1 on long inputs means translations stop early.
+///
+/// # Errors
+/// [`MetricError::LengthMismatch`] if `sources`, `hyps` and `refs` differ in length.
+pub fn score_by_source_length(
+    sources: &[&str],
+    hyps: &[String],
+    refs: &[String],
+    edges: &[usize],
+) -> Result<Vec<LengthBucket>, MetricError> {
+    for (stream, n) in [(0, refs.len()), (1, sources.len())] {
+        if n != hyps.len() {
+            return Err(MetricError::LengthMismatch {
+                stream,
+                hyps: hyps.len(),
+                refs: n,
+            });
+        }
+    }
+    let bucket = |chars: usize| edges.iter().take_while(|&&e| e <= chars).count();
+    let mut members: Vec<Vec<usize>> = vec![Vec::new(); edges.len() + 1];
+    for (i, source) in sources.iter().enumerate() {
+        members[bucket(source.chars().count())].push(i);
+    }
+    members
+        .into_iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(b, m)| {
+            let pick = |all: &[String]| m.iter().map(|&i| all[i].clone()).collect::<Vec<_>>();
+            Ok(LengthBucket {
+                min_chars: if b == 0 { 0 } else { edges[b - 1] },
+                max_chars: edges.get(b).copied(),
+                sentences: m.len(),
+                scores: score(&pick(hyps), &pick(refs))?,
+            })
+        })
+        .collect()
+}

@@ -96,6 +96,8 @@ fn data_parallel_trains_as_one(nodes: usize, devices: usize) {
     let single = dir.path().join("single");
     let mut args = single_args.clone();
     args[4] = single.to_str().unwrap();
+    // The reference is one replica (on the CPU the default is one per core).
+    args.extend(["--devices", "1"]);
     xfmr_ok(&args);
 
     let run = dir.path().join("parallel");
@@ -218,7 +220,8 @@ fn a_missing_rank_is_named_after_the_timeout() {
         free_port().to_string(),
     );
     let mut args = train_args(data.to_str().unwrap(), run.to_str().unwrap(), "6", "0");
-    args.extend(["--nodes", "2", "--rank", "0", "--coordinator", &coordinator]);
+    args.extend(["--nodes", "2", "--rank", "0", "--devices", "1"]);
+    args.extend(["--coordinator", &coordinator]);
     args.extend(["--data-port", &port, "--peer-timeout", "3"]);
     let out = xfmr(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -56,7 +56,7 @@ mod store;
 
 use batch::{batches_of, draw};
 pub use batch::{evaluate_loss, EvalLoss};
-pub use config::TrainConfig;
+pub use config::{Decay, TrainConfig};
 pub use error::TrainError;
 pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
@@ -128,6 +128,9 @@ where
     progress: Progress,
     device: B::Device,
     data_parallel: Option<DataParallel<B::InnerBackend>>,
+    /// The share of the time budget spent before the next step, `0..=1` ([`Trainer::run`] sets
+    /// it; [`Decay::Linear`] reads it).
+    time_spent: f64,
 }
 
 impl<B: AutodiffBackend, O: Objective> std::fmt::Debug for Trainer<B, O>
@@ -294,6 +297,7 @@ where
             progress,
             device: device.clone(),
             data_parallel: None,
+            time_spent: 0.0,
         })
     }
 
@@ -427,13 +431,16 @@ where
             accumulator.accumulate(model, grads);
         }
         let mut grads = accumulator.grads();
+        let mut time_spent = self.time_spent;
         if let Some(run) = &self.data_parallel {
             grads = run.sum_gradients(grads, param_order(self.model()), before.step + 1)?;
             let what = format!("the loss of step {}", before.step + 1);
-            let totals = run.sum(&[loss, nll, input_tokens], &what)?;
-            (loss, nll, input_tokens) = (totals[0], totals[1], totals[2]);
+            // The leader's clock decides the time budget's share: every replica takes it.
+            let clock = if run.is_leader() { time_spent } else { 0.0 };
+            let totals = run.sum(&[loss, nll, input_tokens, clock], &what)?;
+            (loss, nll, input_tokens, time_spent) = (totals[0], totals[1], totals[2], totals[3]);
         }
-        let lr = self.schedule.step();
+        let lr = self.learning_rate(before.step + 1, time_spent);
         let model = self
             .model
             .take()
@@ -449,6 +456,34 @@ where
             input_tokens: input_tokens.round() as usize,
             target_tokens: total,
         })
+    }
+}
+
+impl<B: AutodiffBackend, O: Objective> Trainer<B, O>
+where
+    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
+{
+    /// The learning rate of `step` (1-based) with `time_spent` of the time budget used (see
+    /// [`TrainConfig::decay`]). burn's Noam scheduler advances in either case, so that its
+    /// recorded step stays the run's.
+    fn learning_rate(&mut self, step: usize, time_spent: f64) -> f64 {
+        let noam = self.schedule.step();
+        match self.config.decay {
+            None => noam,
+            Some(Decay::Linear) => {
+                let warmup = self.config.warmup as f64;
+                let peak = self.config.lr_factor
+                    / ((self.objective.d_model() as f64).sqrt() * warmup.sqrt());
+                let spent = (step as f64 / self.config.steps as f64).max(time_spent);
+                peak * (step as f64 / warmup).min(1.0 - spent).max(0.0)
+            }
+        }
+    }
+
+    /// Sets the share of the time budget spent (`0..=1`) that the next step's learning rate
+    /// reads under [`Decay::Linear`]; [`Trainer::run`] sets it before every step.
+    pub(crate) fn set_time_spent(&mut self, share: f64) {
+        self.time_spent = share.clamp(0.0, 1.0);
     }
 }
 

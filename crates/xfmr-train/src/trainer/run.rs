@@ -244,6 +244,9 @@ where
                     break;
                 }
             }
+            if let Some(minutes) = self.config.minutes {
+                self.set_time_spent(started.elapsed().as_secs_f64() / (minutes * 60.0));
+            }
             let report = self.step()?;
             observer.event(&Event::Step {
                 report: &report,

@@ -169,3 +169,56 @@ fn metrics_reject_mismatched_streams() {
     let none: Vec<Vec<&str>> = Vec::new();
     assert_eq!(corpus_chrf(&hyps, &none), Err(MetricError::NoReferences));
 }
+
+/// BLEU by source length: every sentence lands in exactly one range, each range's scores are
+/// those of its sentences scored alone, empty ranges are left out, and one range holding every
+/// sentence scores as the whole corpus.
+#[test]
+fn scores_by_source_length_partition_the_corpus() {
+    use xfmr_train::translate::{score, score_by_source_length};
+    let sources = [
+        "corta",
+        "una frase de longitud media",
+        "x",
+        "otra más corta",
+    ];
+    let hyps: Vec<String> = ["short one", "a sentence of middle length", "x", "another"]
+        .map(String::from)
+        .to_vec();
+    let refs: Vec<String> = [
+        "short",
+        "a sentence of medium length",
+        "x y",
+        "another short one",
+    ]
+    .map(String::from)
+    .to_vec();
+    // Ranges [0, 10), [10, 20), [20, 100), [100, ∞): the last is empty.
+    let buckets = score_by_source_length(&sources, &hyps, &refs, &[10, 20, 100]).unwrap();
+    let ranges: Vec<(usize, Option<usize>, usize)> = buckets
+        .iter()
+        .map(|b| (b.min_chars, b.max_chars, b.sentences))
+        .collect();
+    assert_eq!(
+        ranges,
+        [(0, Some(10), 2), (10, Some(20), 1), (20, Some(100), 1)]
+    );
+    let alone = score(
+        &[hyps[0].clone(), hyps[2].clone()],
+        &[refs[0].clone(), refs[2].clone()],
+    )
+    .unwrap();
+    assert_eq!(buckets[0].scores.bleu, alone.bleu);
+    assert_eq!(buckets[0].scores.chrf, alone.chrf);
+    let one = score_by_source_length(&sources, &hyps, &refs, &[]).unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].scores.bleu, score(&hyps, &refs).unwrap().bleu);
+    assert_eq!(
+        score_by_source_length(&sources[..3], &hyps, &refs, &[10]).unwrap_err(),
+        MetricError::LengthMismatch {
+            stream: 1,
+            hyps: 4,
+            refs: 3
+        }
+    );
+}

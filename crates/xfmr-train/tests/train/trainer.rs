@@ -12,7 +12,7 @@ use xfmr_train::data::SplitMix64;
 use xfmr_train::trainer::{
     average_checkpoints, checkpoints, evaluate_loss, inference_model, latest_checkpoint, load_model,
 };
-use xfmr_train::{Example, TrainConfig, TrainError, Trainer, Translation};
+use xfmr_train::{Decay, Example, TrainConfig, TrainError, Trainer, Translation};
 
 type Train = Autodiff<NdArray<f32>>;
 type Infer = NdArray<f32>;
@@ -431,4 +431,44 @@ fn invalid_training_input_is_refused() {
     }];
     let err = Trainer::<Train>::new(objective(), config(), bad, &device).unwrap_err();
     assert!(err.to_string().contains(&format!("id {VOCAB}")), "{err}");
+}
+
+/// `Decay::Linear` over a step budget: the learning rate rises as the paper's warm-up to the
+/// paper's peak, `factor · d_model^-½ · warmup^-½`, then falls on a straight line to zero at the
+/// last step (`peak · min(s / warmup, 1 − s / steps)`); without it, the paper's schedule.
+#[test]
+fn linear_decay_reaches_zero_at_the_end_of_the_budget() {
+    let _guard = lock();
+    let device = Default::default();
+    let data = examples(40, 7);
+    let (steps, warmup, factor) = (10usize, 4usize, 0.5);
+    let d_model = TransformerConfig::tiny(VOCAB).layer.d_model as f64;
+    let base = config()
+        .with_steps(steps)
+        .with_warmup(warmup)
+        .with_lr_factor(factor);
+    let mut linear = Trainer::<Train>::new(
+        objective(),
+        base.clone().with_decay(Some(Decay::Linear)),
+        data.clone(),
+        &device,
+    )
+    .unwrap();
+    let mut paper = Trainer::<Train>::new(objective(), base, data, &device).unwrap();
+    let peak = factor / (d_model.sqrt() * (warmup as f64).sqrt());
+    for s in 1..=steps {
+        let lr = linear.step().unwrap().lr;
+        let (s_, w, n) = (s as f64, warmup as f64, steps as f64);
+        let expected = peak * (s_ / w).min(1.0 - s_ / n);
+        assert!(
+            (lr - expected).abs() <= 1e-12 * peak,
+            "step {s}: {lr} vs {expected}"
+        );
+        let noam = paper.step().unwrap().lr;
+        let expected = factor / d_model.sqrt() * (s_.powf(-0.5)).min(s_ * w.powf(-1.5));
+        assert!(
+            (noam - expected).abs() <= 1e-9 * peak,
+            "step {s}: {noam} vs {expected}"
+        );
+    }
 }
