@@ -47,8 +47,9 @@ def gguf_path():
 
 def xfmr(backend, path, repeats):
     env = dict(os.environ, RAYON_NUM_THREADS="2")
-    # The GPU backends are cargo features of the CLI.
-    features = ["--features", backend] if backend in ("wgpu", "cuda") else []
+    # The GPU backends are cargo features of the CLI: both, as compare_pytorch.py builds it, so
+    # that one backend's build does not replace the other's binary.
+    features = ["--features", "wgpu,cuda"] if backend in ("wgpu", "cuda") else []
     runs, text = [], None
     for i in range(repeats + 1):
         run = subprocess.run(
@@ -75,6 +76,9 @@ def peer(path, repeats, threads, device="cpu"):
         from transformers.generation.streamers import BaseStreamer
     except ImportError as e:
         print(f"transformers not importable ({e}): peer skipped", file=sys.stderr)
+        return None, None, None
+    if device == "cuda" and not torch.cuda.is_available():
+        print("torch.cuda.is_available() is False: peer skipped", file=sys.stderr)
         return None, None, None
     torch.set_num_threads(threads)
     directory, name = os.path.split(path)

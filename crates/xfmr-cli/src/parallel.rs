@@ -34,8 +34,12 @@ pub struct ParallelArgs {
     /// Model replicas in this process, each on its own thread with its share of every batch
     /// (docs/distributed.md): one per device, devices `0..N` of the backend's default kind,
     /// else of its discrete GPUs. The CPU backends have one device, which the replicas share,
-    /// each on its own cores: their default is one replica per core (the step's work split
-    /// over the cores where one replica leaves some idle). Default: 1 on a GPU backend.
+    /// each on its own cores: their default is one replica per core, at most 8 (the step's work
+    /// split over the cores where one replica leaves some idle), when this process trains
+    /// alone. Default: 1 on a GPU backend and with --nodes above 1. With
+    /// dropout, the replicas of one process draw their masks from burn's one generator in
+    /// thread order: a resumed run is then correct but not the uninterrupted one step for step
+    /// (`--devices 1` resumes exactly).
     #[arg(long)]
     pub devices: Option<u32>,
 }
@@ -77,18 +81,26 @@ impl ParallelArgs {
         ))
     }
 
-    /// The replicas of this process: `--devices`, else one per core on a CPU backend (`cpu`)
-    /// and one on a GPU backend.
+    /// The replicas of this process: `--devices`, else on a CPU backend alone one per core (at
+    /// most [`MAX_CPU_REPLICAS`]), and one on a GPU backend or in a run of several processes
+    /// (whose ranks must agree on it, and may differ in cores).
     pub fn replicas(&self, cpu: bool) -> u32 {
         self.devices.unwrap_or_else(|| {
-            if cpu {
-                std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+            if cpu && self.nodes <= 1 {
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get() as u32)
+                    .min(MAX_CPU_REPLICAS)
             } else {
                 1
             }
         })
     }
 }
+
+/// The most replicas the CPU default runs: each holds a copy of the model and takes a share of
+/// every micro-batch, and beyond a few the shares shrink to a sentence or two (measured only on
+/// two cores; `--devices` sets more).
+pub const MAX_CPU_REPLICAS: u32 = 8;
 
 /// Prints a replica's error and ends the process: the other replicas of this process may be
 /// waiting for it in a collective operation, and would otherwise wait until they time out.

@@ -53,7 +53,7 @@ pub struct TrainArgs {
     pub preset: Preset,
     /// A run's `train-config.json` (task, objective, training configuration) instead of
     /// --task, --preset, --dropout and the training flags (--steps, --minutes, --max-tokens,
-    /// --accumulate, --warmup, --lr-factor, --seed, --checkpoint-every, --eval-every,
+    /// --accumulate, --warmup, --lr-factor, --decay, --seed, --checkpoint-every, --eval-every,
     /// --average); its vocabulary size is set from the tokenizer. The other flags still apply.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -87,7 +87,8 @@ pub struct TrainArgs {
     pub lr_factor: f64,
     /// The learning rate after warm-up: `inverse-sqrt`, the paper's (no end); `linear` falls to
     /// zero at the end of the budget (--minutes, or --steps: the budget sets the schedule's
-    /// length), measured worse for the default ten-minute run (docs/training.md).
+    /// length), measured worse for the default ten-minute run (docs/training.md). Part of the
+    /// recipe: a resumed run keeps its checkpoint's.
     #[arg(long, value_enum, default_value_t = DecayArg::InverseSqrt)]
     pub decay: DecayArg,
     /// Dropout (paper: 0.1).

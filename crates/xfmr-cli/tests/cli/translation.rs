@@ -103,19 +103,21 @@ fn train_translate_eval_attention() {
         )
     };
     let untrained = dir.path().join("untrained");
+    // One replica, so that each run is reproducible (replicas of one process draw dropout
+    // masks in thread order; on the CPU the default is one per core).
     let mut args = train_args(
         data.to_str().unwrap(),
         untrained.to_str().unwrap(),
         "1",
         "3",
     );
-    args.extend(["--beam", "2"]);
+    args.extend(["--beam", "2", "--devices", "1"]);
     xfmr_ok(&args);
     let (bleu_untrained, chrf_untrained) = scores(&untrained);
 
     let run = dir.path().join("run");
     let mut args = train_args(data.to_str().unwrap(), run.to_str().unwrap(), "40", "3");
-    args.extend(["--beam", "2"]);
+    args.extend(["--beam", "2", "--devices", "1"]);
     let out = xfmr_ok(&args);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -433,9 +433,10 @@ fn invalid_training_input_is_refused() {
     assert!(err.to_string().contains(&format!("id {VOCAB}")), "{err}");
 }
 
-/// `Decay::Linear` over a step budget: the learning rate rises as the paper's warm-up to the
-/// paper's peak, `factor · d_model^-½ · warmup^-½`, then falls on a straight line to zero at the
-/// last step (`peak · min(s / warmup, 1 − s / steps)`); without it, the paper's schedule.
+/// `Decay::Linear` over a step budget: the learning rate rises on the paper's warm-up line
+/// (towards `peak = factor · d_model^-½ · warmup^-½`) until it meets a straight line falling
+/// to zero at the last step (`peak · min(s / warmup, 1 − s / steps)`); without it, the paper's
+/// schedule.
 #[test]
 fn linear_decay_reaches_zero_at_the_end_of_the_budget() {
     let _guard = lock();
