@@ -430,11 +430,13 @@ fn main() -> ExitCode {
         }
         Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
         Command::Generate { backend, args } => {
+            // Resolved once: `auto` probes the GPU drivers.
+            let backend = backend.resolve();
             with_backend!(
                 backend,
                 "generate",
                 wgpu = xfmr::backend::WgpuUnfused,
-                |B| generate::generate::<B>(&args, backend.resolve() == BackendKind::Wgpu)
+                |B| generate::generate::<B>(&args, backend == BackendKind::Wgpu)
             )
         }
         Command::Embed {

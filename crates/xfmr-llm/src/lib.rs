@@ -206,6 +206,14 @@ impl<B: Backend> LanguageModel<B> {
         }
     }
 
+    /// The quantised model, when loaded with [`WeightFormat::Quantized`].
+    pub fn quantized_model(&self) -> Option<&QuantizedLlama> {
+        match &self.model {
+            LmWeights::Quantized(model) => Some(model),
+            LmWeights::F32(_) => None,
+        }
+    }
+
     /// Generates from `prompts` (ids) with whichever model is loaded.
     fn generate_ids(
         &self,

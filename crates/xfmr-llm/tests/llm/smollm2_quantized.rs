@@ -54,9 +54,9 @@ fn quantized_path_follows_transformers_within_the_stated_tolerance() {
     let device = Default::default();
     let quantized =
         LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
-    let LmWeights::Quantized(q) = &quantized.model else {
-        panic!("loaded f32 weights for WeightFormat::Quantized")
-    };
+    let q = quantized
+        .quantized_model()
+        .expect("quantised weights for WeightFormat::Quantized");
     let reference = LanguageModel::<Flex>::from_gguf(&g, &device).unwrap();
     let f32_model = reference.f32_model().unwrap();
     let fixture = fixture();
@@ -133,13 +133,12 @@ fn quantized_model_with_f32_products_matches_transformers() {
     let device = Default::default();
     let mut lm =
         LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
+    // The products in f32 for the whole model: the logits below and `complete`'s tokens.
     lm.model = match lm.model {
         LmWeights::Quantized(q) => LmWeights::Quantized(q.with_activations(Activations::F32)),
         LmWeights::F32(_) => panic!("loaded f32 weights for WeightFormat::Quantized"),
     };
-    let LmWeights::Quantized(q) = &lm.model else {
-        unreachable!()
-    };
+    let q = lm.quantized_model().expect("quantised weights");
     let fixture = fixture();
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         let ids = lm.tokenizer.encode(prompt).unwrap();
@@ -180,9 +179,9 @@ fn quantized_path_takes_long_prompts() {
     let device = Default::default();
     let quantized =
         LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
-    let LmWeights::Quantized(q) = &quantized.model else {
-        panic!("loaded f32 weights for WeightFormat::Quantized")
-    };
+    let q = quantized
+        .quantized_model()
+        .expect("quantised weights for WeightFormat::Quantized");
     let text = crate::smollm2::long_text(|t| quantized.tokenizer.encode(t).unwrap().len(), 800);
     let ids = quantized.tokenizer.encode(&text).unwrap();
     let mut state = q.start(1, ids.len());
