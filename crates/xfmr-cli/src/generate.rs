@@ -65,7 +65,7 @@ pub enum Weights {
     F32,
 }
 
-fn model_path(model: &str) -> Result<PathBuf> {
+pub(crate) fn model_path(model: &str) -> Result<PathBuf> {
     if model == "smollm2" {
         return fetch::find_smollm2().ok_or_else(|| {
             anyhow!(

@@ -14,11 +14,10 @@ use xfmr::models::{
     GenerationOptions, Pooling, SampleOptions, Strategy,
 };
 use xfmr_train::data::Pair;
-use xfmr_train::trainer::{self, FINAL_MODEL_DIR};
+use xfmr_train::trainer;
 use xfmr_train::SubwordTokenizer;
 
 use crate::spec::{read_task, Task};
-use crate::translation::tokenizer_path;
 
 /// The task a run directory was trained for (the `task` of its `train-config.json`); a run
 /// with a model or checkpoints but no task (written before `--task` existed) is a translation
@@ -57,22 +56,7 @@ pub(crate) fn load_run<B: Backend, C: ModelConfig>(
             task.name()
         );
     }
-    let tokenizer = SubwordTokenizer::load(&tokenizer_path(run))?;
-    let final_dir = run.join(FINAL_MODEL_DIR);
-    let dir = if final_dir.is_dir() {
-        final_dir
-    } else {
-        trainer::latest_checkpoint(run)?.with_context(|| {
-            format!(
-                "{}: no model/ and no checkpoint (train one with `xfmr train --task {} --out {}`)",
-                run.display(),
-                task.name(),
-                run.display()
-            )
-        })?
-    };
-    let (_, model) = trainer::load_model::<B, C>(&dir, &Default::default())?;
-    Ok((model, tokenizer))
+    Ok(trainer::load_run_model::<B, C>(run, &Default::default())?)
 }
 
 /// `[bos] + text` ids.

@@ -36,6 +36,7 @@ mod lm;
 mod observe;
 mod parallel;
 mod plot;
+mod serve;
 mod spec;
 mod train;
 mod translation;
@@ -204,6 +205,17 @@ enum Command {
         run: Option<PathBuf>,
         #[command(flatten)]
         model: ModelArgs,
+    },
+    /// Serves the models it is given over HTTP: the OpenAI API (chat, completions, embeddings),
+    /// translations and attention maps, and a page at `/` to chat, translate and explore
+    /// attention.
+    Serve {
+        /// Backend of the encoder models (the language model runs its quantised weights on
+        /// the CPU).
+        #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+        backend: BackendKind,
+        #[command(flatten)]
+        args: serve::ServeArgs,
     },
     /// Cosine similarity of two sentences' embeddings.
     Similarity {
@@ -429,6 +441,11 @@ fn main() -> ExitCode {
             ))
         }
         Command::FetchModel { model, cache_dir } => fetch_model(model, cache_dir),
+        Command::Serve { backend, args } => {
+            with_backend!(backend, "serve", wgpu = xfmr::backend::WgpuUnfused, |B| {
+                serve::serve::<B>(&args)
+            })
+        }
         Command::Generate { backend, args } => {
             // Resolved once: `auto` probes the GPU drivers.
             let backend = backend.resolve();

@@ -5,16 +5,17 @@ use std::fs;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use std::time::Instant;
 
 use serde_json::{json, Value};
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::burn::tensor::{Int, Tensor, TensorData};
 use xfmr::io::write_atomic;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
-use xfmr_train::translate::{score, score_by_source_length, translate, LengthBucket};
+use xfmr_train::translate::{
+    score, score_by_source_length, translate, translation_attention, LengthBucket,
+};
 use xfmr_train::SubwordTokenizer;
 
 use crate::plot;
@@ -264,72 +265,30 @@ pub fn attention_maps<B: Backend>(
     sentence: &str,
     out: &Path,
 ) -> Result<usize> {
-    let device = model.src_embedding.weight.device();
-    let translation = translate(
-        model,
-        tokenizer,
-        &[sentence],
-        &options(Strategy::Greedy, tokenizer, 64),
-        1,
-    )?;
-    let target = translation[0]
-        .first()
-        .map(|c| c.tokens.clone())
-        .unwrap_or_default();
-    let mut src: Vec<i64> = tokenizer
-        .encode(sentence)?
-        .into_iter()
-        .map(|t| t as i64)
-        .collect();
-    src.push(tokenizer.eos_id() as i64);
-    let tgt_in: Vec<i64> = std::iter::once(tokenizer.bos_id() as i64)
-        .chain(target.iter().map(|&t| t as i64))
-        .collect();
-    let piece = |id: i64| {
-        tokenizer
-            .piece(u32::try_from(id).unwrap_or(u32::MAX))
-            .unwrap_or_else(|| format!("#{id}"))
-    };
-    let src_labels: Vec<String> = src.iter().map(|&t| piece(t)).collect();
-    let tgt_labels: Vec<String> = target
-        .iter()
-        .map(|&t| t as i64)
-        .chain([tokenizer.eos_id() as i64])
-        .map(piece)
-        .collect();
-    let (s, t) = (src.len(), tgt_in.len());
-    let maps = model.forward_with_attention(
-        Tensor::<B, 2, Int>::from_data(TensorData::new(src, [1, s]), &device),
-        Tensor::<B, 2, Int>::from_data(TensorData::new(tgt_in, [1, t]), &device),
-    )?;
+    let maps = translation_attention(model, tokenizer, sentence, 64)?;
     fs::create_dir_all(out).with_context(|| out.display().to_string())?;
     let mut files = 0;
-    for (kind, layers, rows) in [
-        ("encoder self-attention", &maps.encoder, &src_labels),
-        ("cross-attention", &maps.cross, &tgt_labels),
+    for (kind, stem, layers, rows) in [
+        (
+            "encoder self-attention",
+            "encoder",
+            &maps.encoder,
+            &maps.source,
+        ),
+        ("cross-attention", "cross", &maps.cross, &maps.target),
     ] {
-        for (l, w) in layers.iter().enumerate() {
-            let [_, heads, n_rows, n_cols] = w.dims();
-            let values: Vec<f32> = w
-                .to_data()
-                .convert::<f32>()
-                .to_vec()
-                .map_err(|e| anyhow!("{e:?}"))?;
-            for h in 0..heads {
+        let (n_rows, n_cols) = (rows.len(), maps.source.len());
+        for (l, values) in layers.iter().enumerate() {
+            for h in 0..maps.heads {
                 let grid: Vec<Vec<f32>> = (0..n_rows)
                     .map(|r| {
                         let at = (h * n_rows + r) * n_cols;
                         values[at..at + n_cols].to_vec()
                     })
                     .collect();
-                let stem = if kind.starts_with("encoder") {
-                    "encoder"
-                } else {
-                    "cross"
-                };
                 let path = out.join(format!("{stem}-layer{}-head{}.png", l + 1, h + 1));
                 let title = format!("{kind}, layer {}, head {}", l + 1, h + 1);
-                plot::heatmap(&path, &title, rows, &src_labels, &grid)?;
+                plot::heatmap(&path, &title, rows, &maps.source, &grid)?;
                 files += 1;
             }
         }

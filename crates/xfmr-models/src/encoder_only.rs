@@ -252,6 +252,25 @@ impl<B: Backend> EncoderOnly<B> {
             .forward(SelfAttentionInput::new(x).mask_opt(mask.cloned())))
     }
 
+    /// [`forward`](Self::forward) that also returns every layer's self-attention weights.
+    ///
+    /// # Shapes
+    /// - as [`forward`](Self::forward); weights: one `[batch, heads, seq, seq]` per layer
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward).
+    pub fn forward_with_attention(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        token_types: Option<Tensor<B, 2, Int>>,
+        mask: Option<&AttnMask<B>>,
+    ) -> Result<(Tensor<B, 3>, Vec<Tensor<B, 4>>), ModelError> {
+        let x = self.embed(ids, token_types)?;
+        Ok(self
+            .encoder
+            .forward_with_weights(SelfAttentionInput::new(x).mask_opt(mask.cloned())))
+    }
+
     /// The mask of `pad_id` positions.
     pub fn padding_mask(&self, ids: Tensor<B, 2, Int>) -> AttnMask<B> {
         AttnMask::padding_from_ids(ids, self.pad_id as i64)

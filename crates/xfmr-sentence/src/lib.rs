@@ -275,6 +275,32 @@ impl<B: Backend> SentenceEncoder<B> {
             .forward(batch.ids.clone(), None, Some(&batch.mask()))?)
     }
 
+    /// One sentence's tokens (`[CLS]`/`[SEP]` included, truncated as for embedding) and every
+    /// layer's self-attention weights over them, per layer `[heads, seq, seq]` row-major.
+    ///
+    /// # Errors
+    /// As [`tokenize`](Self::tokenize) and [`hidden_states`](Self::hidden_states).
+    pub fn attention(&self, sentence: &str) -> Result<(Vec<String>, Vec<Vec<f32>>), SentenceError> {
+        let encoding = self
+            .tokenizer
+            .encode(sentence, true)
+            .map_err(|e| SentenceError::Tokenizer(e.to_string()))?;
+        let batch = self.batch(&[encoding.get_ids().to_vec()])?;
+        let (_, layers) =
+            self.model
+                .forward_with_attention(batch.ids.clone(), None, Some(&batch.mask()))?;
+        let weights = layers
+            .into_iter()
+            .map(|w| {
+                w.into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .map_err(|e| SentenceError::InvalidInput(format!("attention weights: {e:?}")))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok((encoding.get_tokens().to_vec(), weights))
+    }
+
     /// Sentence embeddings of a batch: pooled, then normalised if the model says so.
     ///
     /// # Shapes

@@ -2,7 +2,8 @@
 //! trained model (greedy or beam, n-best), scoring translations with BLEU and chrF.
 
 use burn::tensor::backend::Backend;
-use xfmr_models::{GenerationOptions, Transformer};
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_models::{GenerationOptions, ModelError, Transformer};
 
 use crate::data::Pair;
 use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
@@ -86,6 +87,87 @@ pub fn translate<B: Backend>(
         }
     }
     Ok(out)
+}
+
+/// What a translation model attends to while translating one sentence: see
+/// [`translation_attention`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct TranslationAttention {
+    /// The greedy translation.
+    pub translation: String,
+    /// Source subword pieces, the end token included (the encoder's positions).
+    pub source: Vec<String>,
+    /// Target subword pieces the decoder predicted, the end token included (the decoder's
+    /// query positions: row `i` is the step that produced piece `i`).
+    pub target: Vec<String>,
+    /// Per encoder layer, its self-attention `[heads, source, source]`, row-major.
+    pub encoder: Vec<Vec<f32>>,
+    /// Per decoder layer, its cross-attention `[heads, target, source]`, row-major.
+    pub cross: Vec<Vec<f32>>,
+    /// Heads per layer.
+    pub heads: usize,
+}
+
+/// Translates `sentence` greedily (at most `max_len` tokens), then runs the model once more,
+/// teacher-forced on that translation, keeping every layer's and head's encoder self-attention
+/// and decoder cross-attention: what attention maps and the server's explorer show.
+///
+/// # Errors
+/// Encoding, an id outside the vocabulary.
+pub fn translation_attention<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &SubwordTokenizer,
+    sentence: &str,
+    max_len: usize,
+) -> Result<TranslationAttention, TrainError> {
+    let device = model.src_embedding.weight.device();
+    let options = GenerationOptions::greedy(max_len, tokenizer.eos_id(), tokenizer.pad_id());
+    let candidate = translate(model, tokenizer, &[sentence], &options, 1)?
+        .into_iter()
+        .flatten()
+        .next();
+    let (translation, target) =
+        candidate.map_or((String::new(), Vec::new()), |c| (c.text, c.tokens));
+    let mut src = tokenizer.encode(sentence)?;
+    src.push(tokenizer.eos_id());
+    let tgt_in: Vec<u32> = std::iter::once(tokenizer.bos_id())
+        .chain(target.iter().copied())
+        .collect();
+    let piece = |&id: &u32| tokenizer.piece(id).unwrap_or_else(|| format!("#{id}"));
+    let tensor = |ids: &[u32]| {
+        let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        let n = ids.len();
+        Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), &device)
+    };
+    let maps = model.forward_with_attention(tensor(&src), tensor(&tgt_in))?;
+    let host = |layers: Vec<Tensor<B, 4>>| -> Result<Vec<Vec<f32>>, TrainError> {
+        layers
+            .into_iter()
+            .map(|w| {
+                w.into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .map_err(|e| {
+                        TrainError::Model(ModelError::InvalidInput(format!(
+                            "attention weights: {e:?}"
+                        )))
+                    })
+            })
+            .collect()
+    };
+    let heads = maps.encoder.first().map_or(0, |w| w.dims()[1]);
+    Ok(TranslationAttention {
+        translation,
+        source: src.iter().map(piece).collect(),
+        target: target
+            .iter()
+            .chain([&tokenizer.eos_id()])
+            .map(piece)
+            .collect(),
+        encoder: host(maps.encoder)?,
+        cross: host(maps.cross)?,
+        heads,
+    })
 }
 
 /// Corpus BLEU and chrF of hypotheses against one reference each.

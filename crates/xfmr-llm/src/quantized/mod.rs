@@ -26,12 +26,13 @@ mod ops;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use rayon::prelude::*;
 use xfmr_models::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
 use xfmr_models::ModelError;
 
 pub use linear::{Activations, ProductScratch, QuantizedLinear};
 
-use ops::{attention, rms_norm, rope};
+use ops::{attention, attention_weights, rms_norm, rope};
 
 use crate::gguf::{Gguf, GgufError};
 use crate::llama::LlamaConfig;
@@ -67,12 +68,15 @@ pub struct QuantizedLlama {
 /// The decoding state of a [`QuantizedLlama`]: per row, its key/value cache.
 #[derive(Debug, Clone)]
 pub struct QuantizedState {
-    rows: Vec<RowCache>,
+    rows: Vec<SequenceCache>,
     scratch: Scratch,
 }
 
+/// One sequence's key/value cache: what [`QuantizedLlama::forward_batch`] extends. Sequences
+/// of different lengths decode together, each attending over its own cache only (continuous
+/// batching: a server adds and drops sequences between steps).
 #[derive(Debug, Clone)]
-struct RowCache {
+pub struct SequenceCache {
     /// Per layer, `[len, kv_dim]` keys and values (capacity reserved up front).
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
@@ -81,10 +85,25 @@ struct RowCache {
     skip: usize,
 }
 
-/// Buffers reused between steps.
+impl SequenceCache {
+    /// Positions fed so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing has been fed yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Buffers a [`QuantizedLlama`] reuses between decoding steps
+/// ([`QuantizedLlama::forward_batch`]); one per decoding thread.
 #[derive(Debug, Default)]
-struct Scratch {
+pub struct Scratch {
     x: Vec<f32>,
+    /// The last position of each sequence, gathered for the final norm.
+    last: Vec<f32>,
     h: Vec<f32>,
     qkv: Vec<f32>,
     attn: Vec<f32>,
@@ -93,6 +112,13 @@ struct Scratch {
     act: Vec<f32>,
     logits: Vec<f32>,
     product: ProductScratch,
+}
+
+impl Scratch {
+    /// Empty buffers (they grow to the largest step and stay).
+    pub fn new() -> Self {
+        Self::default()
+    }
 }
 
 impl Clone for Scratch {
@@ -219,6 +245,15 @@ impl QuantizedLlama {
     /// An empty state for `batch` rows, each cache reserved for `capacity` positions (at most
     /// the model's context).
     pub fn start(&self, batch: usize, capacity: usize) -> QuantizedState {
+        QuantizedState {
+            rows: (0..batch).map(|_| self.sequence(capacity)).collect(),
+            scratch: Scratch::default(),
+        }
+    }
+
+    /// An empty cache for one sequence, reserved for `capacity` positions (at most the
+    /// model's context), for [`forward_batch`](Self::forward_batch).
+    pub fn sequence(&self, capacity: usize) -> SequenceCache {
         let kv = self.config.n_kv_heads * self.config.d_k();
         let reserve = capacity.min(self.config.context_length) * kv;
         let layers = || {
@@ -226,17 +261,69 @@ impl QuantizedLlama {
                 .map(|_| Vec::with_capacity(reserve))
                 .collect()
         };
-        QuantizedState {
-            rows: (0..batch)
-                .map(|_| RowCache {
-                    keys: layers(),
-                    values: layers(),
-                    len: 0,
-                    skip: 0,
-                })
-                .collect(),
-            scratch: Scratch::default(),
+        SequenceCache {
+            keys: layers(),
+            values: layers(),
+            len: 0,
+            skip: 0,
         }
+    }
+
+    /// One decoding step of several independent sequences at once: feeds `batch[j].1`
+    /// (≥ 1 tokens: a whole prompt, or the last chosen token) after everything sequence `j`
+    /// has been fed, and returns the logits that follow the last of them, `[batch.len(),
+    /// vocab]` row-major.
+    ///
+    /// The products with the weights run once over the tokens of all sequences (the weights
+    /// are streamed once per step, not once per sequence: what makes serving several clients
+    /// cheaper than serving them in turn); attention runs per sequence over its own cache.
+    /// Each row's logits are what the sequence would get alone: no product mixes rows.
+    ///
+    /// # Errors
+    /// An empty batch or token list, an id outside the vocabulary, a sequence longer than
+    /// the model's context.
+    pub fn forward_batch(
+        &self,
+        batch: &mut [(&mut SequenceCache, &[u32])],
+        scratch: &mut Scratch,
+    ) -> Result<Vec<f32>, ModelError> {
+        if batch.is_empty() {
+            return Err(ModelError::InvalidInput("a step of no sequences".into()));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(id) = batch
+            .iter()
+            .flat_map(|(_, ids)| ids.iter())
+            .find(|&&id| id as usize >= vocab)
+        {
+            return Err(ModelError::InvalidInput(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        self.forward_rows(batch, scratch, None)?;
+        Ok(std::mem::take(&mut scratch.logits))
+    }
+
+    /// Every layer's attention weights over `tokens` (fed from position 0, causal), per layer
+    /// `[heads, n, n]` row-major (query rows, key columns; zeros above the diagonal).
+    ///
+    /// # Errors
+    /// As [`forward_batch`](Self::forward_batch).
+    pub fn attention_weights(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let vocab = self.config.vocab_size;
+        if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ModelError::InvalidInput(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let mut cache = self.sequence(tokens.len());
+        let mut weights = Vec::new();
+        self.forward_rows(
+            &mut [(&mut cache, tokens)],
+            &mut Scratch::default(),
+            Some(&mut weights),
+        )?;
+        Ok(weights)
     }
 
     /// Continues prompts, as [`DecoderOnly::generate_streaming`] does (left-padded batch,
@@ -285,33 +372,50 @@ impl QuantizedLlama {
         generate::generate_streaming::<B, _>(self, state, first, options, on_token)
     }
 
-    /// Feeds `tokens` to one row and leaves the logits after the last of them in
-    /// `scratch.logits`.
-    fn forward_row(
+    /// Feeds each sequence its tokens (one pass of the products over all of them) and
+    /// leaves the logits after each sequence's last token in `s.logits`, `[sequences,
+    /// vocab]`. With `record`, pushes each layer's attention weights `[heads, n, past + n]`
+    /// (one sequence only).
+    fn forward_rows(
         &self,
-        row: &mut RowCache,
-        tokens: &[u32],
+        rows: &mut [(&mut SequenceCache, &[u32])],
         s: &mut Scratch,
+        mut record: Option<&mut Vec<Vec<f32>>>,
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let (d, d_k) = (c.d_model, c.d_k());
         let kv = c.n_kv_heads * d_k;
-        let (n, past) = (tokens.len(), row.len);
-        if n == 0 {
-            return Err(ModelError::InvalidInput("a step of no tokens".into()));
+        debug_assert!(record.is_none() || rows.len() == 1);
+        for (row, tokens) in rows.iter() {
+            if tokens.is_empty() {
+                return Err(ModelError::InvalidInput("a step of no tokens".into()));
+            }
+            if row.len + tokens.len() > c.context_length {
+                return Err(ModelError::InvalidInput(format!(
+                    "{} positions exceed the model's context of {}",
+                    row.len + tokens.len(),
+                    c.context_length
+                )));
+            }
         }
-        if past + n > c.context_length {
-            return Err(ModelError::InvalidInput(format!(
-                "{} positions exceed the model's context of {}",
-                past + n,
-                c.context_length
-            )));
-        }
+        // Where each sequence's tokens start among all of them.
+        let starts: Vec<usize> = rows
+            .iter()
+            .scan(0, |at, (_, t)| {
+                let start = *at;
+                *at += t.len();
+                Some(start)
+            })
+            .collect();
+        let n: usize = rows.iter().map(|(_, t)| t.len()).sum();
         let eps = c.rms_norm_eps as f32;
         s.x.resize(n * d, 0.0);
-        for (i, &t) in tokens.iter().enumerate() {
-            self.embedding
-                .row_into(t as usize, &mut s.x[i * d..(i + 1) * d]);
+        for (&t, x) in rows
+            .iter()
+            .flat_map(|(_, t)| t.iter())
+            .zip(s.x.chunks_exact_mut(d))
+        {
+            self.embedding.row_into(t as usize, x);
         }
         let width = d + 2 * kv;
         for (l, layer) in self.layers.iter().enumerate() {
@@ -326,24 +430,42 @@ impl QuantizedLlama {
                 &mut s.product,
                 self.activations,
             );
-            for (i, row_qkv) in s.qkv.chunks_exact_mut(width).enumerate() {
-                let position = past + i;
-                let (q, kv_part) = row_qkv.split_at_mut(d);
-                rope(q, d_k, position, c.rope_theta);
-                rope(&mut kv_part[..kv], d_k, position, c.rope_theta);
-                row.keys[l].extend_from_slice(&kv_part[..kv]);
-                row.values[l].extend_from_slice(&kv_part[kv..]);
-            }
             s.attn.resize(n * d, 0.0);
-            attention(
-                c,
-                &s.qkv,
-                width,
-                &row.keys[l],
-                &row.values[l],
-                past,
-                &mut s.attn,
-            );
+            for ((row, tokens), &start) in rows.iter_mut().zip(&starts) {
+                let (m, past) = (tokens.len(), row.len);
+                let qkv = &mut s.qkv[start * width..(start + m) * width];
+                for (i, row_qkv) in qkv.chunks_exact_mut(width).enumerate() {
+                    let position = past + i;
+                    let (q, kv_part) = row_qkv.split_at_mut(d);
+                    rope(q, d_k, position, c.rope_theta);
+                    rope(&mut kv_part[..kv], d_k, position, c.rope_theta);
+                    row.keys[l].extend_from_slice(&kv_part[..kv]);
+                    row.values[l].extend_from_slice(&kv_part[kv..]);
+                }
+            }
+            // Every sequence's attention in one parallel pass (one fork-join per layer, not
+            // one per sequence).
+            let mut outs = Vec::with_capacity(rows.len());
+            let mut rest = s.attn.as_mut_slice();
+            for (_, tokens) in rows.iter() {
+                let (out, tail) = rest.split_at_mut(tokens.len() * d);
+                outs.push(out);
+                rest = tail;
+            }
+            let qkv_all = &s.qkv;
+            rows.par_iter()
+                .zip(outs.into_par_iter())
+                .zip(starts.par_iter())
+                .for_each(|(((row, tokens), out), &start)| {
+                    let qkv = &qkv_all[start * width..(start + tokens.len()) * width];
+                    attention(c, qkv, width, &row.keys[l], &row.values[l], row.len, out);
+                });
+            if let Some(weights) = record.as_deref_mut() {
+                for ((row, tokens), &start) in rows.iter().zip(&starts) {
+                    let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
+                    weights.push(attention_weights(c, qkv, width, &row.keys[l], row.len));
+                }
+            }
             s.proj.resize(n * d, 0.0);
             QuantizedLinear::forward_fused(
                 &[&layer.output],
@@ -387,15 +509,20 @@ impl QuantizedLlama {
             );
             s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
         }
-        row.len = past + n;
-        // The last position only: final norm and logits.
-        rms_norm(&s.x[(n - 1) * d..], &self.norm, eps, &mut s.h);
+        // The last position of each sequence only: final norm and logits.
+        s.last.clear();
+        for ((row, tokens), &start) in rows.iter_mut().zip(&starts) {
+            row.len += tokens.len();
+            let last = start + tokens.len() - 1;
+            s.last.extend_from_slice(&s.x[last * d..(last + 1) * d]);
+        }
+        rms_norm(&s.last, &self.norm, eps, &mut s.h);
         let output = self.output.as_ref().unwrap_or(&self.embedding);
-        s.logits.resize(c.vocab_size, 0.0);
+        s.logits.resize(rows.len() * c.vocab_size, 0.0);
         QuantizedLinear::forward_fused(
             &[output],
             &s.h,
-            1,
+            rows.len(),
             &mut s.logits,
             &mut s.product,
             self.activations,
@@ -439,13 +566,23 @@ impl<B: Backend> IncrementalDecoder<B> for QuantizedLlama {
                 "token id {id} is outside the vocabulary of {vocab}"
             )));
         }
-        let mut logits = Vec::with_capacity(batch * vocab);
-        for (row, ids) in state.rows.iter_mut().zip(ids.chunks_exact(new)) {
-            let ids: Vec<u32> = ids[row.skip.min(new)..].iter().map(|&t| t as u32).collect();
-            row.skip = 0;
-            self.forward_row(row, &ids, &mut state.scratch)?;
-            logits.extend_from_slice(&state.scratch.logits);
-        }
+        let fed: Vec<Vec<u32>> = state
+            .rows
+            .iter_mut()
+            .zip(ids.chunks_exact(new))
+            .map(|(row, ids)| {
+                let skip = std::mem::take(&mut row.skip).min(new);
+                ids[skip..].iter().map(|&t| t as u32).collect()
+            })
+            .collect();
+        let mut rows: Vec<(&mut SequenceCache, &[u32])> = state
+            .rows
+            .iter_mut()
+            .zip(&fed)
+            .map(|(row, ids)| (row, ids.as_slice()))
+            .collect();
+        self.forward_rows(&mut rows, &mut state.scratch, None)?;
+        let logits = std::mem::take(&mut state.scratch.logits);
         Ok(Step {
             logits: Tensor::from_data(TensorData::new(logits, [batch, vocab]), &Default::default()),
             attention: None,
@@ -468,7 +605,7 @@ impl<B: Backend> IncrementalDecoder<B> for QuantizedLlama {
                         })
                         .collect()
                 };
-                RowCache {
+                SequenceCache {
                     keys: copy(&row.keys),
                     values: copy(&row.values),
                     len: row.len,

@@ -49,33 +49,74 @@ pub(super) fn attention(
     let d_k = c.d_k();
     let kv = c.n_kv_heads * d_k;
     let group = c.n_heads / c.n_kv_heads;
-    let scale = 1.0 / (d_k as f32).sqrt();
     out.par_chunks_mut(d_k).enumerate().for_each_init(
         Vec::new,
         |scores: &mut Vec<f32>, (chunk, o)| {
             let (i, h) = (chunk / c.n_heads, chunk % c.n_heads);
-            let q = &qkv[i * width + h * d_k..i * width + (h + 1) * d_k];
+            probabilities(c, qkv, width, keys, past, i, h, scores);
             let g = h / group;
-            let visible = past + i + 1;
-            scores.clear();
-            scores.extend((0..visible).map(|t| {
-                let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-                dot(q, k) * scale
-            }));
-            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut total = 0.0;
-            for v in scores.iter_mut() {
-                *v = (*v - max).exp();
-                total += *v;
-            }
             o.fill(0.0);
-            for (t, p) in scores.iter().enumerate() {
+            for (t, &w) in scores.iter().enumerate() {
                 let v = &values[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-                let w = p / total;
                 o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
             }
         },
     );
+}
+
+/// The attention weights of the `n` new queries over the cache (`past + n` positions), as
+/// [`attention`] uses them: `[heads, n, past + n]`, zeros where a query may not look.
+pub(super) fn attention_weights(
+    c: &LlamaConfig,
+    qkv: &[f32],
+    width: usize,
+    keys: &[f32],
+    past: usize,
+) -> Vec<f32> {
+    let n = qkv.len() / width;
+    let total = past + n;
+    let mut out = vec![0f32; c.n_heads * n * total];
+    let mut scores = Vec::new();
+    for h in 0..c.n_heads {
+        for i in 0..n {
+            probabilities(c, qkv, width, keys, past, i, h, &mut scores);
+            let at = (h * n + i) * total;
+            out[at..at + scores.len()].copy_from_slice(&scores);
+        }
+    }
+    out
+}
+
+/// Softmax of query `i`'s (head `h`) scaled scores over the `past + i + 1` positions it sees,
+/// into `scores`.
+#[allow(clippy::too_many_arguments)]
+fn probabilities(
+    c: &LlamaConfig,
+    qkv: &[f32],
+    width: usize,
+    keys: &[f32],
+    past: usize,
+    i: usize,
+    h: usize,
+    scores: &mut Vec<f32>,
+) {
+    let d_k = c.d_k();
+    let kv = c.n_kv_heads * d_k;
+    let g = h / (c.n_heads / c.n_kv_heads);
+    let scale = 1.0 / (d_k as f32).sqrt();
+    let q = &qkv[i * width + h * d_k..i * width + (h + 1) * d_k];
+    scores.clear();
+    scores.extend((0..past + i + 1).map(|t| {
+        let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
+        dot(q, k) * scale
+    }));
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut total = 0.0;
+    for v in scores.iter_mut() {
+        *v = (*v - max).exp();
+        total += *v;
+    }
+    scores.iter_mut().for_each(|v| *v /= total);
 }
 
 /// `Σ a_i·b_i` over 8 partial sums, so that it vectorises (a plain `f32` sum is a sequential

@@ -87,6 +87,11 @@ fn blocks(ty: GgmlType, rows: usize, cols: usize, rng: &mut TestRng) -> Vec<u8> 
 
 /// The tiny model's GGUF bytes (`seed` picks the weights).
 pub fn tiny_gguf(seed: u64) -> Vec<u8> {
+    tiny_gguf_with_context(seed, 64)
+}
+
+/// [`tiny_gguf`] with a context of `context` positions (xfmr-serve's tests: long streams).
+pub fn tiny_gguf_with_context(seed: u64, context: u64) -> Vec<u8> {
     let mut rng = TestRng::new(seed);
     let (tokens, merges) = tokens();
     let vocab = tokens.len();
@@ -99,7 +104,7 @@ pub fn tiny_gguf(seed: u64) -> Vec<u8> {
     let mut w = GgufWriter::new()
         .metadata("general.architecture", Value::String("llama".into()))
         .metadata("llama.block_count", Value::U64(N_LAYERS as u64))
-        .metadata("llama.context_length", Value::U64(64))
+        .metadata("llama.context_length", Value::U64(context))
         .metadata("llama.embedding_length", Value::U64(D_MODEL as u64))
         .metadata("llama.feed_forward_length", Value::U64(D_FF as u64))
         .metadata("llama.attention.head_count", Value::U64(N_HEADS as u64))

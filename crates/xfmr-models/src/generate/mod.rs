@@ -213,6 +213,62 @@ fn first_tensor<B: Backend>(first: &[Vec<u32>], device: &B::Device) -> Tensor<B,
     )
 }
 
+/// Picks one sequence's next tokens from its log-probabilities, greedily or by sampling with
+/// its own seeded generator: what a server decoding many independent requests in one batch
+/// needs, each request drawing as if it were alone.
+#[derive(Debug, Clone)]
+pub struct TokenChooser {
+    sample: Option<SampleOptions>,
+    rng: ChaCha8Rng,
+}
+
+impl TokenChooser {
+    /// Greedy (`None`: the most probable token, the lowest id on ties) or sampled under
+    /// temperature, top-k and top-p, from a generator seeded with `sample.seed`.
+    pub fn new(sample: Option<SampleOptions>) -> Self {
+        let seed = sample.as_ref().map_or(0, |s| s.seed);
+        Self {
+            sample,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    /// The next token of `log_probs` (`[vocab]`, normalised or not).
+    pub fn choose(&mut self, log_probs: &[f64]) -> u32 {
+        match &self.sample {
+            None => argmax(log_probs) as u32,
+            Some(s) => draw(log_probs, s, &mut self.rng) as u32,
+        }
+    }
+
+    /// The next token of raw `logits` (`[vocab]`): greedy takes their argmax directly (the
+    /// log-softmax is monotonic), sampling draws from [`log_softmax_host`] of them.
+    pub fn choose_from_logits(&mut self, logits: &[f32]) -> u32 {
+        match &self.sample {
+            None => {
+                let mut best = 0;
+                for (i, &v) in logits.iter().enumerate() {
+                    if v > logits[best] {
+                        best = i;
+                    }
+                }
+                best as u32
+            }
+            Some(_) => self.choose(&log_softmax_host(logits)),
+        }
+    }
+}
+
+/// `log softmax(logits)` on the host, in `f64`.
+pub fn log_softmax_host(logits: &[f32]) -> Vec<f64> {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let total: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let shift = max + total.ln();
+    logits.iter().map(|&v| v as f64 - shift).collect()
+}
+
 /// Index of the largest value, the first on ties.
 fn argmax(row: &[f64]) -> usize {
     let mut best = 0;

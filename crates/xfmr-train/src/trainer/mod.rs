@@ -61,8 +61,8 @@ pub use error::TrainError;
 pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{
-    average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
-    save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
+    average_checkpoints, checkpoints, latest_checkpoint, load_model, load_run_model,
+    parameter_fingerprint, save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
 };
 use store::{read_json, OPTIMIZER_FILE, TRAINER_FILE};
 

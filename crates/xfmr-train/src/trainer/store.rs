@@ -74,6 +74,30 @@ pub fn load_model<B: Backend, C: ModelConfig>(
     Ok(checkpoint::load::<B, C>(dir, device)?)
 }
 
+/// The model a run directory leaves for inference: its averaged final model
+/// ([`FINAL_MODEL_DIR`]) if the run finished, else its newest checkpoint; and the run's
+/// vocabulary (`tokenizer.json`).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming the run when it holds neither, or the file that is
+/// missing or corrupt; [`TrainError::Tokenizer`] for the vocabulary.
+pub fn load_run_model<B: Backend, C: ModelConfig>(
+    run_dir: &Path,
+    device: &B::Device,
+) -> Result<(C::Model<B>, crate::SubwordTokenizer), TrainError> {
+    let final_dir = run_dir.join(FINAL_MODEL_DIR);
+    let dir = match final_dir.is_dir() {
+        true => final_dir,
+        false => latest_checkpoint(run_dir)?.ok_or_else(|| TrainError::Checkpoint {
+            path: run_dir.to_path_buf(),
+            problem: format!("no {FINAL_MODEL_DIR}/ and no checkpoint: not a trained run"),
+        })?,
+    };
+    let tokenizer = crate::SubwordTokenizer::load(&run_dir.join("tokenizer.json"))?;
+    let (_, model) = load_model::<B, C>(&dir, device)?;
+    Ok((model, tokenizer))
+}
+
 /// Saves a model for inference (no optimiser state): [`checkpoint::save`], which writes
 /// `dir.partial` with a manifest and renames it to `dir` (an older `dir` is replaced), so
 /// [`load_model`] sees a complete model or none.

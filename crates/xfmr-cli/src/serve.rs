@@ -1,0 +1,125 @@
+//! `xfmr serve`: loads the models it is given and serves them over HTTP ([`xfmr_serve`]).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use xfmr::burn::tensor::backend::Backend;
+use xfmr::models::Transformer;
+use xfmr_llm::{LanguageModel, WeightFormat};
+use xfmr_sentence::{fetch, SentenceEncoder};
+use xfmr_serve::{ServeConfig, Server};
+use xfmr_train::trainer::load_run_model;
+
+/// `xfmr serve`'s options.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on (loopback by default: pass 0.0.0.0 to serve other machines).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port (0: any free one, printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The language model: `smollm2` (fetched with `xfmr fetch-model smollm2`) or a GGUF
+    /// file. Served under `smollm2` or the file's stem.
+    #[arg(long)]
+    llm: Option<String>,
+    /// The sentence encoder: `minilm` (fetched with `xfmr fetch-model minilm`) or a model
+    /// directory. Served under `minilm` or the directory's name.
+    #[arg(long)]
+    embeddings: Option<String>,
+    /// A translation run of `xfmr train`. Served under the directory's name.
+    #[arg(long)]
+    translation: Option<PathBuf>,
+    /// Language-model requests decoded together.
+    #[arg(long, default_value_t = ServeConfig::default().max_batch)]
+    max_batch: usize,
+    /// Requests that may wait beyond the batch (then 429).
+    #[arg(long, default_value_t = ServeConfig::default().max_waiting)]
+    max_waiting: usize,
+    /// Largest `max_tokens` a request may ask for.
+    #[arg(long, default_value_t = ServeConfig::default().max_tokens)]
+    max_tokens: usize,
+    /// Seconds one request may take (504 after it).
+    #[arg(long, default_value_t = ServeConfig::default().request_timeout.as_secs())]
+    request_timeout: u64,
+    /// Seconds a connection may stay silent.
+    #[arg(long, default_value_t = ServeConfig::default().idle_timeout.as_secs())]
+    idle_timeout: u64,
+}
+
+/// The name a model is served under: `name` for the fetched one, else the path's stem.
+fn served_name(path: &Path) -> String {
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_string()
+}
+
+/// Loads the models, starts the server and serves until killed.
+pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
+    if args.llm.is_none() && args.embeddings.is_none() && args.translation.is_none() {
+        bail!(
+            "nothing to serve: pass --llm smollm2|FILE.gguf, --embeddings minilm|DIR and/or \
+             --translation RUN_DIR"
+        );
+    }
+    let config = ServeConfig {
+        max_batch: args.max_batch.max(1),
+        max_waiting: args.max_waiting,
+        max_tokens: args.max_tokens.max(1),
+        request_timeout: Duration::from_secs(args.request_timeout.max(1)),
+        idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        ..ServeConfig::default()
+    };
+    let device = Default::default();
+    let mut server = Server::<B>::new(config);
+    if let Some(llm) = &args.llm {
+        let t = Instant::now();
+        let path = crate::generate::model_path(llm)?;
+        let name = if llm == "smollm2" {
+            llm.clone()
+        } else {
+            served_name(&path)
+        };
+        let lm = LanguageModel::<B>::from_file_with(&path, &device, WeightFormat::Quantized)
+            .with_context(|| path.display().to_string())?;
+        eprintln!(
+            "language model {name}: {} ({:.1} s)",
+            path.display(),
+            t.elapsed().as_secs_f64()
+        );
+        server = server.llm(&name, lm)?;
+    }
+    if let Some(embeddings) = &args.embeddings {
+        let dir = match embeddings.as_str() {
+            "minilm" => fetch::find_minilm().ok_or_else(|| {
+                anyhow!("MiniLM is not in the cache: run `xfmr fetch-model minilm`")
+            })?,
+            dir => PathBuf::from(dir),
+        };
+        let name = match embeddings.as_str() {
+            "minilm" => "minilm".to_string(),
+            _ => served_name(&dir),
+        };
+        let encoder = SentenceEncoder::<B>::from_dir(&dir, &device)
+            .with_context(|| dir.display().to_string())?;
+        eprintln!("sentence encoder {name}: {}", dir.display());
+        server = server.embeddings(&name, encoder)?;
+    }
+    if let Some(run) = &args.translation {
+        let (model, tokenizer) = load_run_model::<B, xfmr::models::TransformerConfig>(run, &device)
+            .with_context(|| format!("--translation {}", run.display()))?;
+        let model: Transformer<B> = model;
+        let name = served_name(run);
+        eprintln!("translation model {name}: {}", run.display());
+        server = server.translation(&name, model, tokenizer)?;
+    }
+    let running = server.start(&format!("{}:{}", args.host, args.port))?;
+    println!(
+        "xfmr serve: http://{}/ (OpenAI API under /v1)",
+        running.addr()
+    );
+    running.wait();
+    Ok(())
+}

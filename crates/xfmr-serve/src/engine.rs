@@ -1,0 +1,359 @@
+//! Continuous batching of a language model's decoding: one thread owns the model and decodes
+//! every active request together, one token per request per step, through each request's own
+//! key/value cache ([`QuantizedLlama::forward_batch`]). Requests join between steps (their
+//! prompt is fed in the step they join) and leave as soon as they finish or their client goes
+//! away; a request that finds every slot taken waits in a bounded queue, and beyond it is
+//! refused (429).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
+use std::sync::Arc;
+use std::thread;
+
+use tokio::sync::mpsc::UnboundedSender;
+use xfmr_llm::quantized::{Scratch, SequenceCache};
+use xfmr_llm::{GgufTokenizer, QuantizedLlama, TextStream};
+use xfmr_models::generate::TokenChooser;
+
+use crate::error::ApiError;
+
+/// Why a generation ended (OpenAI's `finish_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The end token, or a stop string.
+    Stop,
+    /// `max_tokens`.
+    Length,
+}
+
+impl Finish {
+    /// OpenAI's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
+/// What the engine tells a request's handler, in order: text pieces, then one end.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The next piece of text (whole characters; never part of a stop string).
+    Text(String),
+    /// Generation ended.
+    Done {
+        /// Why.
+        finish: Finish,
+        /// Tokens generated (the end token not counted).
+        completion_tokens: usize,
+    },
+    /// The model failed; the request ends here (the server goes on).
+    Failed(String),
+}
+
+/// One generation request.
+pub(crate) struct Job {
+    /// Prompt ids (non-empty; `prompt + max_tokens` within the context, checked before).
+    pub prompt: Vec<u32>,
+    /// At most this many tokens.
+    pub max_tokens: usize,
+    /// Greedy or seeded sampling.
+    pub chooser: TokenChooser,
+    /// Strings that end the generation (not included in the text).
+    pub stop: Vec<String>,
+    /// Added to these tokens' logits before choosing (OpenAI's `logit_bias`).
+    pub bias: Vec<(u32, f32)>,
+    /// Where the events go; closed when the client is gone.
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine has done, for `GET /health`.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    /// Requests decoding now.
+    pub active: AtomicUsize,
+    /// Requests that ended (end token, stop string, `max_tokens`, or an error).
+    pub completed: AtomicUsize,
+    /// Requests dropped because their client went away before the end.
+    pub cancelled: AtomicUsize,
+    /// The most requests ever decoded in one step.
+    pub largest_batch: AtomicUsize,
+    /// Decoding steps taken.
+    pub steps: AtomicUsize,
+}
+
+/// The handle handlers submit to.
+#[derive(Clone)]
+pub(crate) struct Engine {
+    jobs: mpsc::Sender<Job>,
+    /// Requests submitted and not yet finished (active and waiting).
+    load: Arc<AtomicUsize>,
+    limit: usize,
+    /// Counters.
+    pub stats: Arc<Stats>,
+}
+
+impl Engine {
+    /// Starts the decoding thread: at most `max_batch` requests decode together, at most
+    /// `max_waiting` more wait.
+    pub fn spawn(
+        model: Arc<QuantizedLlama>,
+        tokenizer: Arc<GgufTokenizer>,
+        max_batch: usize,
+        max_waiting: usize,
+    ) -> std::io::Result<Self> {
+        let (jobs, rx) = mpsc::channel();
+        let load = Arc::new(AtomicUsize::new(0));
+        let stats = Arc::new(Stats::default());
+        let (thread_load, thread_stats) = (Arc::clone(&load), Arc::clone(&stats));
+        thread::Builder::new()
+            .name("xfmr-serve-llm".into())
+            .spawn(move || {
+                decode_loop(
+                    &model,
+                    &tokenizer,
+                    rx,
+                    max_batch.max(1),
+                    &thread_load,
+                    &thread_stats,
+                )
+            })?;
+        Ok(Self {
+            jobs,
+            load,
+            limit: max_batch.max(1) + max_waiting,
+            stats,
+        })
+    }
+
+    /// Requests submitted and not finished: decoding or waiting.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::SeqCst)
+    }
+
+    /// Queues `job`, or refuses it (429) when the batch and the queue are full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let taken = self
+            .load
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.limit).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(ApiError::busy("the language model", self.limit));
+        }
+        self.jobs.send(job).map_err(|_| {
+            self.load.fetch_sub(1, Ordering::SeqCst);
+            ApiError::internal("the language model's thread has stopped")
+        })
+    }
+}
+
+/// A request being decoded.
+struct Active<'t> {
+    job: Job,
+    cache: SequenceCache,
+    /// What the next step feeds: the prompt, then each chosen token.
+    feed: Vec<u32>,
+    text: TextStream<'t>,
+    /// Text not yet sent: it might be the start of a stop string.
+    held: String,
+    /// Everything emitted so far, sent or held (what the tokens' full decoding must extend).
+    emitted: String,
+    /// The tokens generated.
+    tokens: Vec<u32>,
+    generated: usize,
+    /// Set when the request is over.
+    done: bool,
+}
+
+impl Active<'_> {
+    fn send(&self, event: Event) {
+        // A closed channel means the client left: the request is dropped at the next step.
+        let _ = self.job.events.send(event);
+    }
+
+    /// Ends the request at the end token or `max_tokens`: the text the streamed pieces have
+    /// not given yet (bytes of an incomplete character, decoded as the whole sequence decodes)
+    /// goes out first, unless it completes a stop string.
+    fn finish_with_tail(&mut self, finish: Finish, tokenizer: &GgufTokenizer) {
+        let full = tokenizer.decode(&self.tokens).unwrap_or_default();
+        if let Some(tail) = full.strip_prefix(self.emitted.as_str()) {
+            if !tail.is_empty() && self.push_text(tail) {
+                return self.finish(Finish::Stop);
+            }
+        }
+        self.finish(finish)
+    }
+
+    fn finish(&mut self, finish: Finish) {
+        if !self.held.is_empty() {
+            let text = std::mem::take(&mut self.held);
+            self.send(Event::Text(text));
+        }
+        self.send(Event::Done {
+            finish,
+            completion_tokens: self.generated,
+        });
+        self.done = true;
+    }
+
+    /// Takes the next piece of text: sends what can no longer be part of a stop string, and
+    /// says whether a stop string was completed (the text before it is sent, it is not).
+    fn push_text(&mut self, piece: &str) -> bool {
+        self.emitted.push_str(piece);
+        self.held.push_str(piece);
+        let stops = &self.job.stop;
+        if let Some(at) = stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
+            self.held.truncate(at);
+            return true;
+        }
+        // Hold back the longest tail that begins a stop string.
+        let keep = (1..=self.held.len())
+            .rev()
+            .filter(|&k| self.held.is_char_boundary(self.held.len() - k))
+            .find(|&k| {
+                let tail = &self.held[self.held.len() - k..];
+                stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(0);
+        let ready = self.held.len() - keep;
+        if ready > 0 {
+            let rest = self.held.split_off(ready);
+            let text = std::mem::replace(&mut self.held, rest);
+            self.send(Event::Text(text));
+        }
+        false
+    }
+}
+
+fn decode_loop(
+    model: &QuantizedLlama,
+    tokenizer: &GgufTokenizer,
+    jobs: Receiver<Job>,
+    max_batch: usize,
+    load: &AtomicUsize,
+    stats: &Stats,
+) {
+    let vocab = model.config.vocab_size;
+    let mut scratch = Scratch::new();
+    let mut active: Vec<Active<'_>> = Vec::new();
+    let admit = |job: Job| Active {
+        cache: model.sequence(job.prompt.len() + job.max_tokens),
+        feed: job.prompt.clone(),
+        text: tokenizer.stream(),
+        held: String::new(),
+        emitted: String::new(),
+        tokens: Vec::new(),
+        generated: 0,
+        done: false,
+        job,
+    };
+    loop {
+        // Join: wait when idle, else take whoever is waiting, up to the batch size.
+        if active.is_empty() {
+            match jobs.recv() {
+                Ok(job) => active.push(admit(job)),
+                Err(_) => return,
+            }
+        }
+        while active.len() < max_batch {
+            match jobs.try_recv() {
+                Ok(job) => active.push(admit(job)),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if active.is_empty() => return,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        // Leave: clients that went away free their slot before the step.
+        let before = active.len();
+        active.retain(|a| !a.job.events.is_closed());
+        load.fetch_sub(before - active.len(), Ordering::SeqCst);
+        stats
+            .cancelled
+            .fetch_add(before - active.len(), Ordering::SeqCst);
+        stats.active.store(active.len(), Ordering::SeqCst);
+        if active.is_empty() {
+            continue;
+        }
+        stats
+            .largest_batch
+            .fetch_max(active.len(), Ordering::SeqCst);
+        stats.steps.fetch_add(1, Ordering::SeqCst);
+        let step = catch_unwind(AssertUnwindSafe(|| {
+            let mut batch: Vec<(&mut SequenceCache, &[u32])> = active
+                .iter_mut()
+                .map(|a| (&mut a.cache, a.feed.as_slice()))
+                .collect();
+            model.forward_batch(&mut batch, &mut scratch)
+        }));
+        let mut logits = match step {
+            Ok(Ok(logits)) => logits,
+            Ok(Err(e)) => {
+                fail_all(&mut active, load, stats, &e.to_string());
+                continue;
+            }
+            Err(_) => {
+                scratch = Scratch::new();
+                fail_all(
+                    &mut active,
+                    load,
+                    stats,
+                    "the model panicked during a decoding step",
+                );
+                continue;
+            }
+        };
+        for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
+            for &(id, bias) in &a.job.bias {
+                row[id as usize] += bias;
+            }
+            let token = a.job.chooser.choose_from_logits(row);
+            if token == tokenizer.eos_id {
+                a.finish_with_tail(Finish::Stop, tokenizer);
+                continue;
+            }
+            a.generated += 1;
+            a.tokens.push(token);
+            let stopped = match a.text.push(token) {
+                Ok(piece) => a.push_text(&piece),
+                Err(e) => {
+                    a.send(Event::Failed(e.to_string()));
+                    a.done = true;
+                    continue;
+                }
+            };
+            if stopped {
+                a.finish(Finish::Stop);
+            } else if a.generated >= a.job.max_tokens {
+                a.finish_with_tail(Finish::Length, tokenizer);
+            } else {
+                a.feed.clear();
+                a.feed.push(token);
+            }
+        }
+        let before = active.len();
+        active.retain(|a| !a.done);
+        load.fetch_sub(before - active.len(), Ordering::SeqCst);
+        stats
+            .completed
+            .fetch_add(before - active.len(), Ordering::SeqCst);
+        stats.active.store(active.len(), Ordering::SeqCst);
+    }
+}
+
+/// Ends every active request with `message` (a failed step leaves their caches unusable).
+fn fail_all(active: &mut Vec<Active<'_>>, load: &AtomicUsize, stats: &Stats, message: &str) {
+    for a in active.iter() {
+        a.send(Event::Failed(message.to_string()));
+    }
+    load.fetch_sub(active.len(), Ordering::SeqCst);
+    stats.completed.fetch_add(active.len(), Ordering::SeqCst);
+    stats.active.store(0, Ordering::SeqCst);
+    active.clear();
+}

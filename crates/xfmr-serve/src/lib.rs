@@ -1,0 +1,379 @@
+//! # xfmr-serve
+//!
+//! xfmr's models over HTTP, as the runtimes people already use expose theirs (llama.cpp's
+//! `llama-server`, vLLM): the OpenAI API, so that any OpenAI client works unchanged, plus two
+//! endpoints of xfmr's own and a page to explore attention.
+//!
+//! | Endpoint | What |
+//! |---|---|
+//! | `POST /v1/chat/completions` | chat with the language model (its GGUF chat template); `stream: true` as server-sent events in OpenAI's chunk format; `max_tokens`, `temperature`, `top_p`, `seed`, `stop`; `usage` |
+//! | `POST /v1/completions` | plain continuation of a prompt (or several) |
+//! | `POST /v1/embeddings` | sentence embeddings (`encoding_format` `float` or `base64`) |
+//! | `GET /v1/models`, `GET /health` | what is loaded; liveness |
+//! | `POST /v1/translations` | xfmr's: the trained translation model, greedy or beam, n-best |
+//! | `POST /v1/attention` | xfmr's: every layer's and head's attention weights over a sentence, for any loaded model |
+//! | `GET /` | the page: a playground and the attention explorer (compiled in, no CDN) |
+//!
+//! **Concurrency.** The language model's requests are decoded together, one token each per
+//! step, each through its own key/value cache: a request joins the batch between two steps
+//! and leaves it when it ends or its client disconnects (continuous batching). The weights
+//! are read once per step for the whole batch, which is where serving eight clients costs much
+//! less than eight times one. The encoder models run one request at a time on their own
+//! thread. Both have bounded queues: beyond them a request gets a 429.
+//!
+//! **Bad input.** Every malformed, mistyped, oversized or out-of-range request gets a 4xx with
+//! OpenAI's error JSON naming the field ([`ApiError`]); nothing a client sends panics the
+//! server, and no endpoint reads a path from the client.
+//!
+//! ```no_run
+//! use burn::backend::Flex;
+//! use xfmr_llm::{fetch, LanguageModel, WeightFormat};
+//! use xfmr_serve::{ServeConfig, Server};
+//!
+//! let path = fetch::fetch_smollm2(&fetch::default_cache_dir()).unwrap();
+//! let lm = LanguageModel::<Flex>::from_file_with(&path, &Default::default(), WeightFormat::Quantized)
+//!     .unwrap();
+//! let server = Server::<Flex>::new(ServeConfig::default())
+//!     .llm("smollm2", lm)
+//!     .unwrap()
+//!     .start("127.0.0.1:8080")
+//!     .unwrap();
+//! println!("serving on http://{}", server.addr());
+//! server.wait();
+//! ```
+
+#![warn(missing_docs)]
+
+mod engine;
+mod error;
+mod routes;
+mod worker;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use burn::tensor::backend::Backend;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use xfmr_llm::{GgufTokenizer, LanguageModel, QuantizedLlama};
+use xfmr_models::Transformer;
+use xfmr_sentence::SentenceEncoder;
+use xfmr_train::SubwordTokenizer;
+
+pub use engine::{Event, Finish};
+pub use error::{ApiError, ServeError};
+
+use engine::Engine;
+use worker::{Models, Worker};
+
+/// The server's limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServeConfig {
+    /// Language-model requests decoded together (the batch).
+    pub max_batch: usize,
+    /// Requests that may wait for a place in the batch, or in the encoder models' queue;
+    /// beyond them a 429.
+    pub max_waiting: usize,
+    /// The largest `max_tokens` a request may ask for (and the default, capped by the context).
+    pub max_tokens: usize,
+    /// Inputs per embeddings or translation request.
+    pub max_inputs: usize,
+    /// Tokens of a sentence whose attention maps are asked for.
+    pub max_attention_tokens: usize,
+    /// Largest request body, bytes.
+    pub body_limit: usize,
+    /// How long one request may take, generation included (504 after it; a stream ends with
+    /// an error event).
+    pub request_timeout: Duration,
+    /// How long a connection may stay silent: before sending its request's headers (the
+    /// connection is closed) or in the middle of its body (408).
+    pub idle_timeout: Duration,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 8,
+            max_waiting: 32,
+            max_tokens: 1024,
+            max_inputs: 256,
+            max_attention_tokens: 64,
+            body_limit: 1 << 20,
+            request_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A loaded language model.
+pub(crate) struct Llm {
+    pub name: String,
+    pub model: Arc<QuantizedLlama>,
+    pub tokenizer: Arc<GgufTokenizer>,
+    pub engine: Engine,
+}
+
+/// What the handlers share.
+pub(crate) struct AppState<B: Backend> {
+    pub config: ServeConfig,
+    /// Unix time the server started (the models' `created`).
+    pub started: u64,
+    pub llm: Option<Llm>,
+    pub embeddings: Option<String>,
+    pub translation: Option<String>,
+    pub worker: Worker<B>,
+}
+
+impl<B: Backend> AppState<B> {
+    /// Every loaded model's name.
+    pub fn names(&self) -> Vec<String> {
+        self.llm
+            .iter()
+            .map(|l| l.name.clone())
+            .chain(self.embeddings.clone())
+            .chain(self.translation.clone())
+            .collect()
+    }
+}
+
+/// A server being put together: its limits and models. [`start`](Self::start) serves them.
+pub struct Server<B: Backend> {
+    config: ServeConfig,
+    llm: Option<(String, QuantizedLlama, GgufTokenizer)>,
+    embeddings: Option<(String, SentenceEncoder<B>)>,
+    translation: Option<(String, Transformer<B>, SubwordTokenizer)>,
+}
+
+impl<B: Backend> Server<B> {
+    /// No models yet.
+    pub fn new(config: ServeConfig) -> Self {
+        Self {
+            config,
+            llm: None,
+            embeddings: None,
+            translation: None,
+        }
+    }
+
+    /// Serves a language model under `name` (chat, completions, attention). It must hold its
+    /// weights quantised ([`xfmr_llm::WeightFormat::Quantized`]): the batched decoding runs
+    /// on the host.
+    ///
+    /// # Errors
+    /// [`ServeError::Model`] for `f32` weights; [`ServeError::DuplicateName`].
+    pub fn llm(mut self, name: &str, lm: LanguageModel<B>) -> Result<Self, ServeError> {
+        self.check_name(name)?;
+        let model = match lm.model {
+            xfmr_llm::LmWeights::Quantized(model) => model,
+            xfmr_llm::LmWeights::F32(_) => {
+                return Err(ServeError::Model {
+                    model: name.into(),
+                    problem: "loaded with f32 weights; the server decodes quantised weights \
+                              (load it with WeightFormat::Quantized)"
+                        .into(),
+                })
+            }
+        };
+        self.llm = Some((name.into(), model, lm.tokenizer));
+        Ok(self)
+    }
+
+    /// Serves a sentence encoder under `name` (embeddings, attention).
+    ///
+    /// # Errors
+    /// [`ServeError::DuplicateName`].
+    pub fn embeddings(
+        mut self,
+        name: &str,
+        encoder: SentenceEncoder<B>,
+    ) -> Result<Self, ServeError> {
+        self.check_name(name)?;
+        self.embeddings = Some((name.into(), encoder));
+        Ok(self)
+    }
+
+    /// Serves a trained translation model and its vocabulary under `name` (translations,
+    /// attention); [`xfmr_train::trainer::load_run_model`] loads one from a run directory.
+    ///
+    /// # Errors
+    /// [`ServeError::DuplicateName`].
+    pub fn translation(
+        mut self,
+        name: &str,
+        model: Transformer<B>,
+        tokenizer: SubwordTokenizer,
+    ) -> Result<Self, ServeError> {
+        self.check_name(name)?;
+        self.translation = Some((name.into(), model, tokenizer));
+        Ok(self)
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), ServeError> {
+        let taken = [
+            self.llm.as_ref().map(|m| &m.0),
+            self.embeddings.as_ref().map(|m| &m.0),
+            self.translation.as_ref().map(|m| &m.0),
+        ];
+        match taken.into_iter().flatten().any(|n| n == name) {
+            true => Err(ServeError::DuplicateName(name.into())),
+            false => Ok(()),
+        }
+    }
+
+    /// Binds `addr` (`host:port`; port 0 picks a free one) and serves on background threads
+    /// until the returned handle is shut down or dropped.
+    ///
+    /// # Errors
+    /// [`ServeError::Bind`]; [`ServeError::Runtime`] if threads cannot be started.
+    pub fn start(self, addr: &str) -> Result<RunningServer, ServeError> {
+        let bind = |source| ServeError::Bind {
+            addr: addr.into(),
+            source,
+        };
+        let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
+        listener.set_nonblocking(true).map_err(bind)?;
+        let local = listener.local_addr().map_err(bind)?;
+        let config = self.config;
+        let llm = match self.llm {
+            Some((name, model, tokenizer)) => {
+                let (model, tokenizer) = (Arc::new(model), Arc::new(tokenizer));
+                let engine = Engine::spawn(
+                    Arc::clone(&model),
+                    Arc::clone(&tokenizer),
+                    config.max_batch,
+                    config.max_waiting,
+                )
+                .map_err(ServeError::Runtime)?;
+                Some(Llm {
+                    name,
+                    model,
+                    tokenizer,
+                    engine,
+                })
+            }
+            None => None,
+        };
+        let embeddings = self.embeddings.as_ref().map(|(name, _)| name.clone());
+        let translation = self.translation.as_ref().map(|(name, ..)| name.clone());
+        let models = Models {
+            embeddings: self.embeddings.map(|(_, encoder)| encoder),
+            translation: self
+                .translation
+                .map(|(_, model, tokenizer)| (model, tokenizer)),
+            llm: llm
+                .as_ref()
+                .map(|l| (Arc::clone(&l.model), Arc::clone(&l.tokenizer))),
+        };
+        let worker = Worker::spawn(models, config.max_waiting).map_err(ServeError::Runtime)?;
+        let idle = config.idle_timeout;
+        let app = routes::router(Arc::new(AppState {
+            config,
+            started: unix_now(),
+            llm,
+            embeddings,
+            translation,
+            worker,
+        }));
+        // Two threads for HTTP: the models compute on their own threads.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .thread_name("xfmr-serve-http")
+            .build()
+            .map_err(ServeError::Runtime)?;
+        let (shutdown, stop) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("xfmr-serve".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => accept_loop(listener, app, idle, stop).await,
+                        Err(e) => eprintln!("xfmr serve: {local}: {e}"),
+                    }
+                })
+            })
+            .map_err(ServeError::Runtime)?;
+        Ok(RunningServer {
+            addr: local,
+            shutdown,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A server running on background threads.
+pub struct RunningServer {
+    addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RunningServer {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the server stops (it runs until [`shutdown`](Self::shutdown)).
+    pub fn wait(mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+
+    /// Stops accepting connections and returns; requests in flight are dropped.
+    pub fn shutdown(mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Accepts connections until `shutdown` turns true: each served by hyper's HTTP/1 with the
+/// header-read timeout (idle keep-alive connections are closed after it).
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    idle: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of descriptors and the like: wait a little, keep serving.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(idle)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

@@ -1,0 +1,14 @@
+//! `xfmr serve` end to end: the real server on a free loopback port, talked to over HTTP.
+//!
+//! The models are made here, so that no download is needed: the tiny Llama-family GGUF of
+//! xfmr-llm's tests (random weights, every tensor type; a long context so that streams last)
+//! and a translation run trained for a few steps on the embedded Spanish–English sample. The
+//! SmolLM2 and MiniLM runs are the `--ignored` tests in `models.rs`.
+
+mod client;
+mod models;
+mod page;
+mod server;
+#[allow(dead_code)]
+#[path = "../../../xfmr-llm/tests/llm/tiny.rs"]
+mod tiny;
