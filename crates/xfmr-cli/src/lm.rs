@@ -56,7 +56,14 @@ pub(crate) fn load_run<B: Backend, C: ModelConfig>(
             task.name()
         );
     }
-    Ok(trainer::load_run_model::<B, C>(run, &Default::default())?)
+    trainer::load_run_model::<B, C>(run, &Default::default()).with_context(|| {
+        format!(
+            "{}: (train one with `xfmr train --task {} --out {}`)",
+            run.display(),
+            task.name(),
+            run.display()
+        )
+    })
 }
 
 /// `[bos] + text` ids.

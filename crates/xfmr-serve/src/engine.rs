@@ -199,6 +199,36 @@ impl Active<'_> {
         self.done = true;
     }
 
+    /// Chooses the next token from the step's `row` of logits and handles it: the end, text
+    /// (stop strings), `max_tokens`, or the token to feed next.
+    fn advance(&mut self, row: &mut [f32], tokenizer: &GgufTokenizer) {
+        for &(id, bias) in &self.job.bias {
+            row[id as usize] += bias;
+        }
+        let token = self.job.chooser.choose_from_logits(row);
+        if token == tokenizer.eos_id {
+            return self.finish_with_tail(Finish::Stop, tokenizer);
+        }
+        self.generated += 1;
+        self.tokens.push(token);
+        let stopped = match self.text.push(token) {
+            Ok(piece) => self.push_text(&piece),
+            Err(e) => {
+                self.send(Event::Failed(e.to_string()));
+                self.done = true;
+                return;
+            }
+        };
+        if stopped {
+            self.finish(Finish::Stop);
+        } else if self.generated >= self.job.max_tokens {
+            self.finish_with_tail(Finish::Length, tokenizer);
+        } else {
+            self.feed.clear();
+            self.feed.push(token);
+        }
+    }
+
     /// Takes the next piece of text: sends what can no longer be part of a stop string, and
     /// says whether a stop string was completed (the text before it is sent, it is not).
     fn push_text(&mut self, piece: &str) -> bool {
@@ -214,7 +244,8 @@ impl Active<'_> {
             return true;
         }
         // Hold back the longest tail that begins a stop string.
-        let keep = (1..=self.held.len())
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        let keep = (1..=self.held.len().min(longest))
             .rev()
             .filter(|&k| self.held.is_char_boundary(self.held.len() - k))
             .find(|&k| {
@@ -310,31 +341,14 @@ fn decode_loop(
             }
         };
         for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
-            for &(id, bias) in &a.job.bias {
-                row[id as usize] += bias;
-            }
-            let token = a.job.chooser.choose_from_logits(row);
-            if token == tokenizer.eos_id {
-                a.finish_with_tail(Finish::Stop, tokenizer);
-                continue;
-            }
-            a.generated += 1;
-            a.tokens.push(token);
-            let stopped = match a.text.push(token) {
-                Ok(piece) => a.push_text(&piece),
-                Err(e) => {
-                    a.send(Event::Failed(e.to_string()));
-                    a.done = true;
-                    continue;
-                }
-            };
-            if stopped {
-                a.finish(Finish::Stop);
-            } else if a.generated >= a.job.max_tokens {
-                a.finish_with_tail(Finish::Length, tokenizer);
-            } else {
-                a.feed.clear();
-                a.feed.push(token);
+            // One request's failure (a panic in its sampling or detokenising) ends that
+            // request only.
+            let outcome = catch_unwind(AssertUnwindSafe(|| a.advance(row, tokenizer)));
+            if outcome.is_err() {
+                a.send(Event::Failed(
+                    "choosing the next token failed (it panicked)".into(),
+                ));
+                a.done = true;
             }
         }
         let before = active.len();

@@ -99,6 +99,17 @@ impl ApiError {
         }
     }
 
+    /// 405 for a path the server has, asked with another method.
+    pub fn wrong_method(method: &str, path: &str) -> Self {
+        Self {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("{path} does not take {method} (see the README's endpoint table)"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
     /// 429: every slot and every place in the queue is taken.
     pub fn busy(what: &str, limit: usize) -> Self {
         Self {

@@ -64,7 +64,6 @@ use xfmr_models::Transformer;
 use xfmr_sentence::SentenceEncoder;
 use xfmr_train::SubwordTokenizer;
 
-pub use engine::{Event, Finish};
 pub use error::{ApiError, ServeError};
 
 use engine::Engine;
@@ -89,8 +88,8 @@ pub struct ServeConfig {
     /// How long one request may take, generation included (504 after it; a stream ends with
     /// an error event).
     pub request_timeout: Duration,
-    /// How long a connection may stay silent: before sending its request's headers (the
-    /// connection is closed) or in the middle of its body (408).
+    /// How long a connection may wait before sending a request's headers (then it is closed),
+    /// and how long a request's whole body may take to arrive (then a 408).
     pub idle_timeout: Duration,
 }
 

@@ -48,19 +48,24 @@ pub(crate) fn router<B: Backend>(state: Arc<AppState<B>>) -> Router {
         .route("/", get(page))
         .route("/health", get(health::<B>))
         .route("/v1/models", get(models::<B>))
+        .route("/v1/models/{id}", get(model::<B>))
         .route("/v1/chat/completions", post(chat::<B>))
         .route("/v1/completions", post(completions::<B>))
         .route("/v1/embeddings", post(embeddings::<B>))
         .route("/v1/translations", post(translations::<B>))
         .route("/v1/attention", post(attention::<B>))
         .fallback(no_route)
-        .method_not_allowed_fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(DefaultBodyLimit::max(limit))
         .with_state(state)
 }
 
 async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::no_route(method.as_str(), uri.path())
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::wrong_method(method.as_str(), uri.path())
 }
 
 async fn page() -> Response {
@@ -86,6 +91,18 @@ async fn health<B: Backend>(State(state): State<Arc<AppState<B>>>) -> Json<Value
             "largest_batch": get(&s.largest_batch), "steps": get(&s.steps)});
     }
     Json(body)
+}
+
+async fn model<B: Backend>(
+    State(state): State<Arc<AppState<B>>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(list) = models(State(Arc::clone(&state))).await;
+    list["data"]
+        .as_array()
+        .and_then(|models| models.iter().find(|m| m["id"] == id.as_str()))
+        .map(|m| Json(m.clone()))
+        .ok_or_else(|| ApiError::model_not_found(&id, "/v1/models", &state.names()))
 }
 
 async fn models<B: Backend>(State(state): State<Arc<AppState<B>>>) -> Json<Value> {
@@ -199,8 +216,7 @@ struct GenerationRequest {
     stop: Option<Value>,
     logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     n: Option<u64>,
-    #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
     stream_options: Option<StreamOptions>,
 }
 
@@ -223,6 +239,11 @@ struct Settings {
     stop: Vec<String>,
     bias: Vec<(u32, f32)>,
 }
+
+/// The longest stop string, bytes.
+const MAX_STOP_BYTES: usize = 256;
+/// Below this temperature a request decodes greedily.
+const MIN_TEMPERATURE: f64 = 1e-3;
 
 /// Seeds for sampled requests that give none: different for each request.
 static SEEDS: AtomicU64 = AtomicU64::new(0);
@@ -254,10 +275,10 @@ fn settings(req: &GenerationRequest, limit: usize, vocab: usize) -> Result<Setti
         ));
     }
     let top_p = req.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
+    if !(0.0..=1.0).contains(&top_p) {
         return Err(ApiError::invalid(
             Some("top_p"),
-            format!("top_p = {top_p}: must be in (0, 1]"),
+            format!("top_p = {top_p}: must be in [0, 1]"),
         ));
     }
     let stop = match &req.stop {
@@ -270,7 +291,16 @@ fn settings(req: &GenerationRequest, limit: usize, vocab: usize) -> Result<Setti
             "stop: empty strings stop nothing",
         ));
     }
-    let sample = (temperature > 0.0).then(|| SampleOptions {
+    if let Some(i) = stop.iter().position(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            Some(&format!("stop[{i}]")),
+            format!("stop[{i}]: longer than {MAX_STOP_BYTES} bytes"),
+        ));
+    }
+    // Temperatures this low, and `top_p` 0 (only the most probable token), are greedy
+    // decoding: sampling would divide the logits by almost nothing.
+    let greedy = temperature < MIN_TEMPERATURE || top_p == 0.0;
+    let sample = (!greedy).then(|| SampleOptions {
         temperature,
         top_k: None,
         top_p: (top_p < 1.0).then_some(top_p),
@@ -368,9 +398,9 @@ fn submit<B: Backend>(
 /// All of a request's text, its end and its token count, within `timeout`.
 async fn collect(
     mut rx: UnboundedReceiver<Event>,
+    deadline: Instant,
     timeout: Duration,
 ) -> Result<(String, Finish, usize), ApiError> {
-    let deadline = Instant::now() + timeout;
     let mut text = String::new();
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -590,7 +620,7 @@ async fn chat<B: Backend>(
         .map_err(|e| ApiError::invalid(Some("messages"), format!("messages: {e}")))?;
     let (rx, prompt_tokens) = submit(&state, &prompt, "messages", &settings)?;
     let timeout = state.config.request_timeout;
-    if req.stream {
+    if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         let events = event_stream(
             rx,
@@ -602,7 +632,7 @@ async fn chat<B: Backend>(
         );
         return Ok(Sse::new(events).into_response());
     }
-    let (text, finish, completion) = collect(rx, timeout).await?;
+    let (text, finish, completion) = collect(rx, Instant::now() + timeout, timeout).await?;
     Ok(Json(json!({
         "id": request_id("chatcmpl"), "object": "chat.completion", "created": unix_now(),
         "model": model, "system_fingerprint": null,
@@ -635,7 +665,7 @@ async fn completions<B: Backend>(
     let vocab = state.llm.as_ref().map_or(0, |l| l.model.config.vocab_size);
     let settings = settings(&req, state.config.max_tokens, vocab)?;
     let timeout = state.config.request_timeout;
-    if req.stream {
+    if req.stream.unwrap_or(false) {
         if prompts.len() != 1 {
             return Err(ApiError::invalid(
                 Some("prompt"),
@@ -667,8 +697,9 @@ async fn completions<B: Backend>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (mut choices, mut prompt_total, mut completion_total) = (Vec::new(), 0, 0);
+    let deadline = Instant::now() + timeout;
     for (index, (rx, prompt_tokens)) in submitted.into_iter().enumerate() {
-        let (text, finish, completion) = collect(rx, timeout).await?;
+        let (text, finish, completion) = collect(rx, deadline, timeout).await?;
         prompt_total += prompt_tokens;
         completion_total += completion;
         choices.push(
@@ -765,6 +796,8 @@ struct TranslationRequest {
 const MAX_BEAM: u64 = 16;
 /// Longest translation, tokens.
 const MAX_TRANSLATION_TOKENS: u64 = 256;
+/// Longest source sentence, tokens.
+const MAX_SOURCE_TOKENS: usize = 512;
 
 async fn translations<B: Backend>(
     State(state): State<Arc<AppState<B>>>,
@@ -802,6 +835,20 @@ async fn translations<B: Backend>(
     let timeout = state.config.request_timeout;
     let work = state.worker.run(move |models| {
         let (model, tokenizer) = models.translation.as_ref().expect("loaded");
+        // Each source is checked before any is translated: the encoder's cost grows with the
+        // square of its length.
+        for (i, text) in inputs.iter().enumerate() {
+            let n = tokenizer
+                .encode(text)
+                .map_err(|e| ApiError::invalid(Some(&format!("input[{i}]")), e.to_string()))?
+                .len();
+            if n > MAX_SOURCE_TOKENS {
+                return Err(ApiError::invalid(
+                    Some(&format!("input[{i}]")),
+                    format!("input[{i}]: {n} tokens; at most {MAX_SOURCE_TOKENS} per source"),
+                ));
+            }
+        }
         let strategy = match beam {
             1 => Strategy::Greedy,
             _ => Strategy::Beam(BeamOptions {
@@ -815,11 +862,11 @@ async fn translations<B: Backend>(
                 .with_strategy(strategy);
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
         xfmr_train::translate::translate(model, tokenizer, &refs, &options, 32)
+            .map_err(|e| ApiError::invalid(Some("input"), format!("input: {e}")))
     });
     let out = tokio::time::timeout(timeout, work)
         .await
-        .map_err(|_| ApiError::timeout(timeout))??
-        .map_err(|e| ApiError::invalid(Some("input"), format!("input: {e}")))?;
+        .map_err(|_| ApiError::timeout(timeout))???;
     let data: Vec<Value> = out
         .into_iter()
         .enumerate()

@@ -58,7 +58,10 @@ impl<B: Backend> Worker<B> {
     ) -> Result<R, ApiError> {
         let (reply, answer) = oneshot::channel();
         let task: Task<B> = Box::new(move |models| {
-            let _ = reply.send(f(models));
+            // The client gave up (timeout, disconnect) while this waited: skip the work.
+            if !reply.is_closed() {
+                let _ = reply.send(f(models));
+            }
         });
         match self.tasks.try_send(task) {
             Ok(()) => {}

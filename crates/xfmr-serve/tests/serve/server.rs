@@ -451,7 +451,7 @@ fn serve_bad_input_gets_openai_errors_naming_the_field() {
         None,
     );
     assert_error(
-        &post(addr, chat, &json!({"messages": user, "top_p": 0})),
+        &post(addr, chat, &json!({"messages": user, "top_p": 1.5})),
         400,
         Some("top_p"),
         None,
@@ -537,7 +537,37 @@ fn serve_bad_input_gets_openai_errors_naming_the_field() {
         None,
     );
     assert_error(&get(addr, "/v1/nothing"), 404, None, Some("unknown_url"));
-    assert_error(&get(addr, chat), 404, None, Some("unknown_url"));
+    assert_error(&get(addr, chat), 405, None, Some("method_not_allowed"));
+    assert_error(
+        &post(
+            addr,
+            chat,
+            &json!({"messages": user, "stop": ["x".repeat(300)]}),
+        ),
+        400,
+        Some("stop[0]"),
+        None,
+    );
+    assert_error(
+        &post(
+            addr,
+            "/v1/translations",
+            &json!({"input": ["hola", "y ".repeat(600)]}),
+        ),
+        400,
+        Some("input[1]"),
+        None,
+    );
+    assert_error(
+        &get(addr, "/v1/models/gpt-4"),
+        404,
+        Some("model"),
+        Some("model_not_found"),
+    );
+    assert_eq!(
+        get(addr, &format!("/v1/models/{LLM}")).json()["kind"],
+        "llm"
+    );
     // Still serving.
     assert_eq!(get(addr, "/health").status, 200);
     let ok = post(
@@ -644,4 +674,63 @@ fn serve_eight_concurrent_streams_each_get_what_they_would_alone() {
             "stream {i} vs the library"
         );
     }
+}
+
+#[test]
+fn serve_timeouts_close_idle_connections_and_end_slow_requests() {
+    use std::io::{Read, Write};
+    let server = start(ServeConfig {
+        idle_timeout: Duration::from_secs(1),
+        request_timeout: Duration::from_millis(5),
+        max_tokens: 4000,
+        ..ServeConfig::default()
+    });
+    let addr = server.addr();
+    // A connection that never sends its request is closed after the idle timeout.
+    let mut silent = std::net::TcpStream::connect(addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 256];
+    let n = silent.read(&mut buf).unwrap_or(0);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let reply = String::from_utf8_lossy(&buf[..n]);
+    assert!(n == 0 || reply.starts_with("HTTP/1.1 408"), "{reply}");
+    // A body that stops arriving: 408 with OpenAI's error JSON.
+    let mut slow = std::net::TcpStream::connect(addr).unwrap();
+    slow.write_all(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\nConnection: close\r\n\r\n{\"prompt\": ",
+    )
+    .unwrap();
+    let mut reply = String::new();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = slow.read_to_string(&mut reply);
+    assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+    assert!(reply.contains("\"code\":\"timeout\""), "{reply}");
+    // Generation past the request timeout: 504, and a stream ends with an error event.
+    let long = json!({"prompt": "hello", "max_tokens": 4000, "temperature": 0,
+                      "logit_bias": {EOS.to_string(): -100}});
+    assert_error(
+        &post(addr, "/v1/completions", &long),
+        504,
+        None,
+        Some("timeout"),
+    );
+    let mut streamed = long.clone();
+    streamed["stream"] = json!(true);
+    let events = Events::open(addr, "/v1/completions", &streamed).rest();
+    let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("longer than"),
+        "{last}"
+    );
+    // The timed-out requests' slots are freed, and the server still answers.
+    let health = wait_for_health(addr, |l| l["active"] == 0 && l["cancelled"] == 2);
+    assert_eq!(health["llm"]["cancelled"], 2, "{health}");
 }
