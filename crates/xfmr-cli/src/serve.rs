@@ -48,7 +48,7 @@ pub struct ServeArgs {
     idle_timeout: u64,
 }
 
-/// The name a model is served under: `name` for the fetched one, else the path's stem.
+/// The name a model given by path is served under: the path's file stem.
 fn served_name(path: &Path) -> String {
     path.file_stem()
         .and_then(|s| s.to_str())
@@ -115,7 +115,13 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
         eprintln!("translation model {name}: {}", run.display());
         server = server.translation(&name, model, tokenizer)?;
     }
-    let running = server.start(&format!("{}:{}", args.host, args.port))?;
+    // An IPv6 address goes in brackets before its port (`[::1]:8080`).
+    let host = if args.host.contains(':') && !args.host.starts_with('[') {
+        format!("[{}]", args.host)
+    } else {
+        args.host.clone()
+    };
+    let running = server.start(&format!("{host}:{}", args.port))?;
     println!(
         "xfmr serve: http://{}/ (OpenAI API under /v1)",
         running.addr()

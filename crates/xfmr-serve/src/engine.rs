@@ -6,7 +6,7 @@
 //! refused (429).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 use std::thread;
@@ -82,6 +82,18 @@ pub(crate) struct Stats {
     pub largest_batch: AtomicUsize,
     /// Decoding steps taken.
     pub steps: AtomicUsize,
+    /// Whether the decoding thread has ended (a panic outside a request's own guarded work):
+    /// the server can no longer generate, and `GET /health` says so.
+    pub stopped: AtomicBool,
+}
+
+/// Marks the engine stopped when the decoding thread ends, by return or by unwinding.
+struct StopGuard<'a>(&'a Stats);
+
+impl Drop for StopGuard<'_> {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::SeqCst);
+    }
 }
 
 /// The handle handlers submit to.
@@ -111,6 +123,7 @@ impl Engine {
         thread::Builder::new()
             .name("xfmr-serve-llm".into())
             .spawn(move || {
+                let _guard = StopGuard(&thread_stats);
                 decode_loop(
                     &model,
                     &tokenizer,

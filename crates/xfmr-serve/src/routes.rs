@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, Method, Uri};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
@@ -79,18 +79,27 @@ async fn page() -> Response {
         .into_response()
 }
 
-async fn health<B: Backend>(State(state): State<Arc<AppState<B>>>) -> Json<Value> {
+/// `{"status": "ok"}` and the language model's counters; 503 with `"status": "error"` once
+/// its decoding thread has stopped (the server still answers, but can no longer generate).
+async fn health<B: Backend>(State(state): State<Arc<AppState<B>>>) -> Response {
     let mut body = json!({"status": "ok"});
+    let mut status = StatusCode::OK;
     if let Some(llm) = &state.llm {
         let s = &llm.engine.stats;
         let get = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::SeqCst);
         let active = get(&s.active);
+        let stopped = s.stopped.load(Ordering::SeqCst);
         body["llm"] = json!({"model": llm.name, "active": active,
             "waiting": llm.engine.load().saturating_sub(active),
             "completed": get(&s.completed), "cancelled": get(&s.cancelled),
-            "largest_batch": get(&s.largest_batch), "steps": get(&s.steps)});
+            "largest_batch": get(&s.largest_batch), "steps": get(&s.steps),
+            "decoding": !stopped});
+        if stopped {
+            body["status"] = json!("error");
+            status = StatusCode::SERVICE_UNAVAILABLE;
+        }
     }
-    Json(body)
+    (status, Json(body)).into_response()
 }
 
 async fn model<B: Backend>(
@@ -357,9 +366,9 @@ fn submit<B: Backend>(
     settings: &Settings,
 ) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
     let llm = state.llm.as_ref().expect("checked by the caller");
-    let ids = llm
-        .tokenizer
-        .encode(prompt)
+    // Tokenising a prompt of up to the body limit is CPU work: off the async workers' list
+    // while it runs, so that other connections are served meanwhile.
+    let ids = tokio::task::block_in_place(|| llm.tokenizer.encode(prompt))
         .map_err(|e| ApiError::invalid(Some(param), format!("{param}: {e}")))?;
     if ids.is_empty() {
         return Err(ApiError::invalid(
@@ -614,9 +623,7 @@ async fn chat<B: Backend>(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let settings = settings(&req, state.config.max_tokens, llm.model.config.vocab_size)?;
-    let prompt = llm
-        .tokenizer
-        .render_chat(&messages, true)
+    let prompt = tokio::task::block_in_place(|| llm.tokenizer.render_chat(&messages, true))
         .map_err(|e| ApiError::invalid(Some("messages"), format!("messages: {e}")))?;
     let (rx, prompt_tokens) = submit(&state, &prompt, "messages", &settings)?;
     let timeout = state.config.request_timeout;

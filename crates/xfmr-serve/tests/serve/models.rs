@@ -38,7 +38,7 @@ fn serve_smollm2_chat_and_minilm_embeddings() {
     let addr = server.addr();
     // Chat: the same reply as the library's greedy completion of the templated prompt.
     let lm = smollm2();
-    let question = "What is the capital of France?";
+    let question = "What is the capital of France? Answer in one word.";
     let prompt = lm.chat_prompt(&[Message::new("user", question)]).unwrap();
     let expected = lm.complete(&prompt, &lm.greedy(24), |_| {}).unwrap();
     let r = post(

@@ -115,7 +115,13 @@ fn assert_error(
         e["message"].as_str().is_some_and(|m| !m.is_empty()),
         "{body}"
     );
-    assert!(e["type"].is_string(), "{body}");
+    // OpenAI's error types: limits of rate, faults of the server, the request's own.
+    let kind = match status {
+        429 => "rate_limit_error",
+        500.. => "server_error",
+        _ => "invalid_request_error",
+    };
+    assert_eq!(e["type"], kind, "{body}");
     assert_eq!(e["param"].as_str(), param, "{body}");
     assert_eq!(e["code"].as_str(), code, "{body}");
     body
@@ -143,6 +149,7 @@ fn serve_health_and_models() {
     assert_eq!(health.status, 200);
     assert_eq!(health.json()["status"], "ok");
     assert_eq!(health.json()["llm"]["model"], LLM);
+    assert_eq!(health.json()["llm"]["decoding"], true);
     let models = get(addr, "/v1/models").json();
     assert_eq!(models["object"], "list");
     let listed: Vec<(&str, &str)> = models["data"]
@@ -331,6 +338,21 @@ fn serve_translations_equal_the_library() {
             assert!((g["score"].as_f64().unwrap() - c.score).abs() < 1e-9);
         }
     }
+    // Greedy (`beam: 1`): one candidate each, the library's greedy translation.
+    let r = post(
+        addr,
+        "/v1/translations",
+        &json!({"model": TRANSLATION, "input": inputs, "beam": 1, "max_tokens": 20}),
+    );
+    assert_eq!(r.status, 200, "{}", r.json());
+    let body = r.json();
+    let options = GenerationOptions::greedy(20, tokenizer.eos_id(), tokenizer.pad_id());
+    let expected = translate(&model, &tokenizer, &inputs, &options, 32).unwrap();
+    for (i, candidates) in expected.iter().enumerate() {
+        let got = body["data"][i]["translations"].as_array().unwrap();
+        assert_eq!(got.len(), 1, "{body}");
+        assert_eq!(got[0]["text"], candidates[0].text.as_str());
+    }
 }
 
 #[test]
@@ -448,6 +470,24 @@ fn serve_bad_input_gets_openai_errors_naming_the_field() {
         &post(addr, chat, &json!({"messages": user, "max_tokens": 101})),
         400,
         Some("max_tokens"),
+        None,
+    );
+    assert_error(
+        &post(addr, chat, &json!({"messages": user, "max_tokens": 0})),
+        400,
+        Some("max_tokens"),
+        None,
+    );
+    assert_error(
+        &post(addr, chat, &json!({"messages": user, "temperature": 2.5})),
+        400,
+        Some("temperature"),
+        None,
+    );
+    assert_error(
+        &post(addr, chat, &json!({"messages": user, "stream": "yes"})),
+        400,
+        Some("stream"),
         None,
     );
     assert_error(
