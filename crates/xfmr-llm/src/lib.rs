@@ -26,7 +26,8 @@
 //!
 //! let path = fetch::fetch_smollm2(&fetch::default_cache_dir()).unwrap();
 //! let lm = LanguageModel::<NdArray>::from_file(&path, &Default::default()).unwrap();
-//! let prompt = lm.chat_prompt(&[Message::new("user", "What is the capital of France?")]).unwrap();
+//! let question = "What is the capital of France? Answer in one word.";
+//! let prompt = lm.chat_prompt(&[Message::new("user", question)]).unwrap();
 //! let options = lm.greedy(32);
 //! let done = lm.complete(&prompt, &options, |text| print!("{text}")).unwrap();
 //! eprintln!("\n{:.1} tokens/s", done.generation_tokens_per_second());

@@ -44,6 +44,51 @@ impl ActBlock {
     }
 }
 
+/// Activation rows in a panel of [`PANEL`], lane `c` of every vector holding row `c`'s values:
+/// the layout of [`dot_panel`]'s products, where each weight dword is broadcast to all lanes
+/// and multiplied with eight activation rows at once.
+///
+/// For one block of 32 columns: `q[k]` holds, in its 4-byte lane `c`, row `c`'s quants
+/// `4k..4k+4`; `d[c]` is row `c`'s scale and `sum[c]` its `d·Σq` over the block. Rows past the
+/// end of a partial panel are zero (their products are zero and are not written).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[repr(C, align(32))]
+pub struct PanelBlock {
+    /// Quants, lane `c` of `q[k]` = row `c`'s quants `4k..4k+4`.
+    pub q: [[i8; SUB]; 8],
+    /// Each row's scale.
+    pub d: [f32; PANEL],
+    /// Each row's `d·Σq` over the block.
+    pub sum: [f32; PANEL],
+}
+
+/// Activation rows per [`PanelBlock`].
+pub const PANEL: usize = 8;
+
+impl PanelBlock {
+    /// Block `i` of up to [`PANEL`] activation rows (`rows[c][i]` is row `c`'s block).
+    ///
+    /// # Panics
+    /// If there are more than [`PANEL`] rows or a row has no block `i`.
+    pub fn gather(rows: &[&[ActBlock]], i: usize) -> Self {
+        assert!(
+            rows.len() <= PANEL,
+            "{} rows in a panel of {PANEL}",
+            rows.len()
+        );
+        let mut out = Self::default();
+        for (c, row) in rows.iter().enumerate() {
+            let a = &row[i];
+            for k in 0..8 {
+                out.q[k][4 * c..4 * c + 4].copy_from_slice(&a.q[4 * k..4 * k + 4]);
+            }
+            out.d[c] = a.d;
+            out.sum[c] = a.sum[0] + a.sum[1];
+        }
+        out
+    }
+}
+
 /// The best path this CPU has, detected once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
@@ -135,8 +180,8 @@ pub(super) fn dot_row(path: Path, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f
     products + bias
 }
 
-/// Whether [`dot_blocks`], [`dot_blocks4`] and [`dot_rows4`] serve `format` on `path`:
-/// `Q4_0`, `Q4_1` and `Q8_0` on the SIMD paths.
+/// Whether [`dot_blocks`], [`dot_blocks4`], [`dot_rows4`] and [`dot_panel`] serve `format` on
+/// `path`: `Q4_0`, `Q4_1` and `Q8_0` on the SIMD paths.
 pub(super) fn reads_in_place(path: Path, format: BlockFormat) -> bool {
     path != Path::Portable
         && matches!(
@@ -199,6 +244,31 @@ pub(super) fn dot_rows4(
         rows4_avx512vnni,
         rows4_avxvnni,
         rows4_avx2(format, rows, x)
+    )
+}
+
+/// The products of four weight rows of `Q4_0`, `Q4_1` or `Q8_0` blocks (read in place) with
+/// the [`PANEL`] activation rows of `panel` (one [`PanelBlock`] per block of the rows): `out[r][c]`
+/// is weight row `r` times activation row `c`. `None` for other formats and the portable path.
+///
+/// Each weight dword (4 quants of one row) is broadcast to every lane and multiplied with the
+/// panel's eight rows in one `vpdpbusd` (on AVX2, a `vpmaddubsw`), so a block's unpacking serves eight activation rows
+/// and the scaling is one vector multiply-add per block and weight row, with no horizontal
+/// sums: the kernel of batched decoding and of prompts.
+pub(super) fn dot_panel(
+    path: Path,
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    panel: &[PanelBlock],
+) -> Option<[[f32; PANEL]; 4]> {
+    if !reads_in_place(path, format) {
+        return None;
+    }
+    on_simd_path!(
+        path,
+        panel_avx512vnni,
+        panel_avxvnni,
+        panel_avx2(format, rows, panel)
     )
 }
 

@@ -33,17 +33,35 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use dot::{dot_blocks, dot_blocks4, dot_row, dot_rows4, reads_in_place};
-pub use dot::{ActBlock, Path};
+use dot::{dot_blocks, dot_blocks4, dot_panel, dot_row, dot_rows4, reads_in_place};
+pub use dot::{ActBlock, PanelBlock, Path, PANEL};
 pub use formats::{dequantize, BlockFormat, Sub32, SUB};
 
 /// Rows of the weight matrix per parallel task.
 const ROWS_PER_TASK: usize = 16;
 
-/// `[n, cols]` activations quantised per block of 32.
+/// The fewest activation rows whose products with in-place blocks of `format` go through
+/// [`PanelBlock`]s. A panel costs the same for one activation row as for [`PANEL`]; fewer
+/// rows take the kernels that read four activation rows per weight row. Measured on AVX2
+/// (`benches/quant.rs`, docs/benchmarks.md): panels win from 3 rows of `Q4_0`/`Q4_1` and
+/// from 7 of `Q8_0`, whose four-row kernel needs no unpacking.
+const fn panel_min_rows(format: BlockFormat) -> usize {
+    match format {
+        BlockFormat::Q8_0 => 7,
+        _ => PANEL_MIN_ROWS,
+    }
+}
+
+/// The fewest activation rows for which [`ActivationRows`] builds panels: the least of
+/// [`panel_min_rows`] (that of the 4-bit formats).
+const PANEL_MIN_ROWS: usize = 3;
+
+/// `[n, cols]` activations quantised per block of 32 (and, for several rows, the same blocks
+/// arranged in [`PanelBlock`]s of [`PANEL`] rows).
 #[derive(Debug, Clone, Default)]
 pub struct ActivationRows {
     blocks: Vec<ActBlock>,
+    panels: Vec<PanelBlock>,
     n: usize,
     cols: usize,
 }
@@ -65,10 +83,34 @@ impl ActivationRows {
             x.len()
         );
         self.blocks.clear();
-        self.blocks
-            .extend(x.chunks_exact(SUB).map(ActBlock::quantize));
+        if n > 1 {
+            // Several rows (a batch, a prompt): on rayon's threads too, in order.
+            self.blocks
+                .par_extend(x.par_chunks_exact(SUB).map(ActBlock::quantize));
+        } else {
+            self.blocks
+                .extend(x.chunks_exact(SUB).map(ActBlock::quantize));
+        }
         self.n = n;
         self.cols = cols;
+        self.panels.clear();
+        let per = cols / SUB;
+        if n >= PANEL_MIN_ROWS && per > 0 {
+            for first in (0..n).step_by(PANEL) {
+                let rows: Vec<&[ActBlock]> = self.blocks[first * per..n.min(first + PANEL) * per]
+                    .chunks_exact(per)
+                    .collect();
+                self.panels
+                    .extend((0..per).map(|i| PanelBlock::gather(&rows, i)));
+            }
+        }
+    }
+
+    /// Panel `p` (rows `p·PANEL..`), one [`PanelBlock`] per block of 32 columns (built for
+    /// `PANEL_MIN_ROWS` rows or more).
+    fn panel(&self, p: usize) -> &[PanelBlock] {
+        let per = self.cols / SUB;
+        &self.panels[p * per..(p + 1) * per]
     }
 
     /// Rows.
@@ -214,28 +256,23 @@ impl QuantizedMatrix {
     /// # Panics
     /// If `x` is not `cols` wide or `y` not `n·rows` long.
     pub fn matmul(&self, x: &ActivationRows, y: &mut [f32]) {
-        Self::matmul_fused(Path::detect(), &[self], x, y, &mut Vec::new());
+        Self::matmul_fused(Path::detect(), &[self], x, y);
     }
 
     /// Products of several matrices of one width with the same activations, as one parallel
     /// pass over all their rows (a layer's query, key and value projections): `y` is
     /// `[n, Σ rows]`, each row of `x` followed by the outputs of `parts[0]`, then `parts[1]`...
-    /// Work is split over ranges of rows on rayon's threads. `Q4_0`, `Q4_1` and `Q8_0` rows are
-    /// read in place (four weight rows per activation row when `x` has one row, four
-    /// activation rows per weight row otherwise); other formats' rows are unpacked once and
-    /// multiplied with every row of `x`. `scratch` holds the transposed output of products
-    /// of more than one row (kept by the caller between calls).
+    /// Work is split over ranges of weight rows on rayon's threads, each task writing its
+    /// columns of every row of `y`. `Q4_0`, `Q4_1` and `Q8_0` rows are read in place: four
+    /// weight rows per activation row when `x` has one row, four weight rows by panels of
+    /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
+    /// `Q8_0`), four activation rows per weight row in between; other formats' rows are
+    /// unpacked once and multiplied with every row of `x`.
     ///
     /// # Panics
     /// If a part is not `x`'s width, `y` not `n·Σ rows` long, or `path` not
     /// [`available`](Path::available).
-    pub fn matmul_fused(
-        path: Path,
-        parts: &[&Self],
-        x: &ActivationRows,
-        y: &mut [f32],
-        scratch: &mut Vec<f32>,
-    ) {
+    pub fn matmul_fused(path: Path, parts: &[&Self], x: &ActivationRows, y: &mut [f32]) {
         assert!(path.available(), "{path:?} is not available on this CPU");
         let total: usize = parts.iter().map(|p| p.rows).sum();
         assert!(
@@ -251,10 +288,12 @@ impl QuantizedMatrix {
             return;
         }
         let subs = x.cols() / SUB;
-        let task = |(t, out): (usize, &mut [f32])| {
+        // Task `t` computes weight rows `t·ROWS_PER_TASK..` (of all parts in turn) into
+        // `out[k]`, its columns of row `k` of `y`.
+        let task = |t: usize, out: &mut [&mut [f32]]| {
             let mut unpacked = vec![Sub32::default(); subs];
             let (mut part, mut r) = (0, t * ROWS_PER_TASK);
-            let count = out.len() / n;
+            let count = out[0].len();
             let mut i = 0;
             while i < count {
                 while r >= parts[part].rows {
@@ -263,27 +302,44 @@ impl QuantizedMatrix {
                 }
                 let m = parts[part];
                 let in_place = reads_in_place(path, m.format);
-                if in_place && n == 1 && i + 4 <= count && r + 4 <= m.rows {
-                    // One activation row: four weight rows at a time.
+                let four_rows = i + 4 <= count && r + 4 <= m.rows;
+                if in_place && four_rows && (n == 1 || n >= panel_min_rows(m.format)) {
                     let rows = [m.row(r), m.row(r + 1), m.row(r + 2), m.row(r + 3)];
-                    let four = dot_rows4(path, m.format, rows, x.row(0)).expect("in place");
-                    out[i..i + 4].copy_from_slice(&four);
+                    if n == 1 {
+                        // One activation row: four weight rows at a time.
+                        let four = dot_rows4(path, m.format, rows, x.row(0)).expect("in place");
+                        out[0][i..i + 4].copy_from_slice(&four);
+                    } else {
+                        // Four weight rows by a panel of activation rows at a time.
+                        for (p, first) in (0..n).step_by(PANEL).enumerate() {
+                            let tile =
+                                dot_panel(path, m.format, rows, x.panel(p)).expect("in place");
+                            for (c, y_row) in
+                                out[first..n.min(first + PANEL)].iter_mut().enumerate()
+                            {
+                                for (j, lanes) in tile.iter().enumerate() {
+                                    y_row[i + j] = lanes[c];
+                                }
+                            }
+                        }
+                    }
                     (i, r) = (i + 4, r + 4);
                     continue;
                 }
-                let out_row = &mut out[i * n..(i + 1) * n];
                 let row = m.row(r);
                 if in_place {
-                    // Several activation rows: four at a time, then one at a time.
+                    // Four activation rows at a time, then one at a time.
                     let mut k = 0;
                     while k + 4 <= n {
                         let xs = [x.row(k), x.row(k + 1), x.row(k + 2), x.row(k + 3)];
                         let four = dot_blocks4(path, m.format, row, xs).expect("in place");
-                        out_row[k..k + 4].copy_from_slice(&four);
+                        for (q, v) in four.into_iter().enumerate() {
+                            out[k + q][i] = v;
+                        }
                         k += 4;
                     }
-                    for (k, o) in out_row.iter_mut().enumerate().skip(k) {
-                        *o = dot_blocks(path, m.format, row, x.row(k)).expect("in place");
+                    for k in k..n {
+                        out[k][i] = dot_blocks(path, m.format, row, x.row(k)).expect("in place");
                     }
                 } else {
                     let per_block = m.format.subs();
@@ -293,28 +349,31 @@ impl QuantizedMatrix {
                     {
                         m.format.unpack(block, dst);
                     }
-                    for (k, o) in out_row.iter_mut().enumerate() {
-                        *o = dot_row(path, &unpacked, m.format.offset(), x.row(k));
+                    for (k, y_row) in out.iter_mut().enumerate() {
+                        y_row[i] = dot_row(path, &unpacked, m.format.offset(), x.row(k));
                     }
                 }
                 (i, r) = (i + 1, r + 1);
             }
         };
         if n == 1 {
-            y.par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(task);
-        } else {
-            // Row-major over W's rows ([Σ rows, n]), then transposed into y.
-            scratch.clear();
-            scratch.resize(total * n, 0.0);
-            scratch
-                .par_chunks_mut(ROWS_PER_TASK * n)
+            y.par_chunks_mut(ROWS_PER_TASK)
                 .enumerate()
-                .for_each(task);
-            for (r, col) in scratch.chunks_exact(n).enumerate() {
-                for (i, v) in col.iter().enumerate() {
-                    y[i * total + r] = *v;
+                .for_each(|(t, out)| task(t, &mut [out]));
+        } else {
+            // Each task's columns of every row of `y`: disjoint slices.
+            let tasks = total.div_ceil(ROWS_PER_TASK);
+            let mut columns: Vec<Vec<&mut [f32]>> =
+                (0..tasks).map(|_| Vec::with_capacity(n)).collect();
+            for y_row in y.chunks_exact_mut(total) {
+                for (t, piece) in y_row.chunks_mut(ROWS_PER_TASK).enumerate() {
+                    columns[t].push(piece);
                 }
             }
+            columns
+                .into_par_iter()
+                .enumerate()
+                .for_each(|(t, mut out)| task(t, &mut out));
         }
     }
 }

@@ -47,7 +47,6 @@ pub enum Activations {
 #[derive(Debug, Default)]
 pub struct ProductScratch {
     acts: ActivationRows,
-    transposed: Vec<f32>,
     part: Vec<f32>,
 }
 
@@ -212,13 +211,7 @@ impl QuantizedLinear {
             .collect();
         if let (Some(blocks), Activations::Int8) = (&blocks, activations) {
             scratch.acts.quantize(x, n, cols);
-            QuantizedMatrix::matmul_fused(
-                Path::detect(),
-                blocks,
-                &scratch.acts,
-                y,
-                &mut scratch.transposed,
-            );
+            QuantizedMatrix::matmul_fused(Path::detect(), blocks, &scratch.acts, y);
             return;
         }
         // A dense part, or f32 products: each part on its own, scattered into its columns.

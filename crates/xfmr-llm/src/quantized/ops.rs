@@ -36,7 +36,10 @@ pub(super) fn rope(x: &mut [f32], d_k: usize, position: usize, theta: f64) {
 }
 
 /// Causal attention of the `n` new queries (in `qkv`, rows of `width`, queries first) over
-/// the cache (`past + n` positions), written to `out` (`[n, d]`), heads in parallel.
+/// the cache (`past + n` positions), written to `out` (`[n, d]`), in parallel over queries and
+/// key/value heads. The query heads that share a key/value head are taken together, so that
+/// each cached key and value row is read once for all of them (three heads per row for
+/// SmolLM2); each head's arithmetic is the same as alone.
 pub(super) fn attention(
     c: &LlamaConfig,
     qkv: &[f32],
@@ -49,19 +52,46 @@ pub(super) fn attention(
     let d_k = c.d_k();
     let kv = c.n_kv_heads * d_k;
     let group = c.n_heads / c.n_kv_heads;
-    out.par_chunks_mut(d_k).enumerate().for_each_init(
+    let scale = 1.0 / (d_k as f32).sqrt();
+    out.par_chunks_mut(group * d_k).enumerate().for_each_init(
         Vec::new,
         |scores: &mut Vec<f32>, (chunk, o)| {
-            let (i, h) = (chunk / c.n_heads, chunk % c.n_heads);
-            probabilities(c, qkv, width, keys, past, i, h, scores);
-            let g = h / group;
+            let (i, g) = (chunk / c.n_kv_heads, chunk % c.n_kv_heads);
+            let seen = past + i + 1;
+            // scores[j·seen + t]: head g·group + j against position t.
+            scores.clear();
+            scores.resize(group * seen, 0.0);
+            let q = &qkv[i * width + g * group * d_k..i * width + (g + 1) * group * d_k];
+            for t in 0..seen {
+                let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
+                for (j, q) in q.chunks_exact(d_k).enumerate() {
+                    scores[j * seen + t] = dot(q, k) * scale;
+                }
+            }
+            for row in scores.chunks_exact_mut(seen) {
+                softmax(row);
+            }
             o.fill(0.0);
-            for (t, &w) in scores.iter().enumerate() {
+            for t in 0..seen {
                 let v = &values[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-                o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+                for (j, o) in o.chunks_exact_mut(d_k).enumerate() {
+                    let w = scores[j * seen + t];
+                    o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
+                }
             }
         },
     );
+}
+
+/// `row ← softmax(row)` in place.
+fn softmax(row: &mut [f32]) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut total = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        total += *v;
+    }
+    row.iter_mut().for_each(|v| *v /= total);
 }
 
 /// The attention weights of the `n` new queries over the cache (`past + n` positions), as
@@ -88,7 +118,7 @@ pub(super) fn attention_weights(
 }
 
 /// Softmax of query `i`'s (head `h`) scaled scores over the `past + i + 1` positions it sees,
-/// into `scores`.
+/// into `scores` (the arithmetic of [`attention`], one head at a time).
 #[allow(clippy::too_many_arguments)]
 fn probabilities(
     c: &LlamaConfig,
@@ -110,13 +140,7 @@ fn probabilities(
         let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
         dot(q, k) * scale
     }));
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut total = 0.0;
-    for v in scores.iter_mut() {
-        *v = (*v - max).exp();
-        total += *v;
-    }
-    scores.iter_mut().for_each(|v| *v /= total);
+    softmax(scores);
 }
 
 /// `Σ a_i·b_i` over 8 partial sums, so that it vectorises (a plain `f32` sum is a sequential

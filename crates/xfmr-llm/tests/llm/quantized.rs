@@ -163,7 +163,7 @@ fn every_path(what: &str, matrix: &QuantizedMatrix, w: &[f32], x: &[f32], n: usi
     let mags = magnitudes(matrix.format(), matrix.bytes());
     for path in available_paths() {
         let mut y = vec![0f32; n * matrix.rows()];
-        QuantizedMatrix::matmul_fused(path, &[matrix], &acts, &mut y, &mut Vec::new());
+        QuantizedMatrix::matmul_fused(path, &[matrix], &acts, &mut y);
         check_product(&format!("{what} on {path:?}"), (w, &mags), x, &acts, &y);
     }
 }
@@ -193,7 +193,7 @@ fn quantized_matmul_on_real_blocks_is_within_the_bound() {
             .map(|&v| v as f32)
             .collect();
         let matrix = QuantizedMatrix::new(format, raw, blocks, format.block_len()).unwrap();
-        for n in [1, 5] {
+        for n in [1, 5, 8] {
             let x = activations(&mut rng, n, format.block_len());
             every_path(
                 &format!("{name} fixture blocks, {n} rows"),
@@ -233,6 +233,8 @@ fn random_blocks(format: BlockFormat, blocks: usize, rng: &mut TestRng) -> Vec<u
     out
 }
 
+/// Random blocks of every format times 1 activation row (the one-row kernels), 6 (a partial
+/// panel of activation rows) and 13 (a whole panel and a partial one), on every path.
 #[test]
 fn quantized_matmul_of_every_format_is_within_the_bound() {
     let mut rng = TestRng::new(12);
@@ -241,7 +243,7 @@ fn quantized_matmul_of_every_format_is_within_the_bound() {
         let raw = random_blocks(format, rows * cols / format.block_len(), &mut rng);
         let matrix = QuantizedMatrix::new(format, raw, rows, cols).unwrap();
         let w = matrix.dequantize();
-        for n in [1, 6] {
+        for n in [1, 6, 13] {
             let x = activations(&mut rng, n, cols);
             every_path(
                 &format!("{} random blocks, {n} rows", format.name()),
@@ -358,8 +360,9 @@ fn corrupt_and_truncated_k_quant_blocks_are_typed_errors() {
 }
 
 /// Several matrices (formats and row counts that do not line up with the parallel tasks'
-/// ranges of rows) in one fused product: each one's columns within the bound of its own exact
-/// product, on every path.
+/// ranges of rows, nor with the four weight rows of a panel product) in one fused product: each
+/// one's columns within the bound of its own exact product, on every path, for 1 to 9
+/// activation rows.
 #[test]
 fn quantized_matmul_fused_over_several_matrices_is_within_each_bound() {
     let mut rng = TestRng::new(15);
@@ -377,13 +380,13 @@ fn quantized_matmul_fused_over_several_matrices_is_within_each_bound() {
     .collect();
     let refs: Vec<&QuantizedMatrix> = parts.iter().collect();
     let total: usize = parts.iter().map(QuantizedMatrix::rows).sum();
-    for n in [1, 4, 5] {
+    for n in [1, 4, 5, 9] {
         let x = activations(&mut rng, n, cols);
         let mut acts = ActivationRows::new();
         acts.quantize(&x, n, cols);
         for path in available_paths() {
             let mut fused = vec![0f32; n * total];
-            QuantizedMatrix::matmul_fused(path, &refs, &acts, &mut fused, &mut Vec::new());
+            QuantizedMatrix::matmul_fused(path, &refs, &acts, &mut fused);
             let mut start = 0;
             for part in &parts {
                 let columns: Vec<f32> = (0..n)

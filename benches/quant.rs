@@ -1,0 +1,78 @@
+//! The quantised products of `xfmr_kernels::quant` on SmolLM2-135M's shapes (random blocks,
+//! random activations), for 1, 8 and 40 activation rows: one sequence decoding, eight
+//! sequences decoding together (`xfmr serve` with eight clients), and a 40-token prompt.
+//!
+//! - `gate_up_q4_1`: `[3072, 576]` `Q4_1` (a layer's fused gate and up projections);
+//! - `down_q4_1`: `[576, 1536]` `Q4_1`;
+//! - `output_q8_0`: `[49152, 576]` `Q8_0` (the tied output projection).
+//!
+//! ```text
+//! RAYON_NUM_THREADS=2 cargo bench -p xfmr-kernels --bench quant
+//! ```
+//! Criterion reports the time per product and the throughput in multiply-adds (its
+//! "elements"/s); figures go to docs/benchmarks.md.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix};
+
+/// xorshift64: reproducible bytes and values without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform in [-1, 1).
+    fn uniform(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// `rows × cols` random blocks of `format` (`Q4_0`, `Q4_1` or `Q8_0`) with small finite scales.
+fn random_matrix(format: BlockFormat, rows: usize, cols: usize, rng: &mut Rng) -> QuantizedMatrix {
+    let blocks = rows * cols / format.block_len();
+    let mut bytes: Vec<u8> = (0..blocks * format.block_bytes())
+        .map(|_| rng.next() as u8)
+        .collect();
+    let scales = if format == BlockFormat::Q4_1 { 2 } else { 1 };
+    for block in bytes.chunks_exact_mut(format.block_bytes()) {
+        for s in 0..scales {
+            let v = f16::from_f32(rng.uniform() * 0.05).to_le_bytes();
+            block[2 * s..2 * s + 2].copy_from_slice(&v);
+        }
+    }
+    QuantizedMatrix::new(format, bytes, rows, cols).expect("whole blocks")
+}
+
+fn products(c: &mut Criterion) {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let path = Path::detect();
+    let shapes = [
+        ("gate_up_q4_1", BlockFormat::Q4_1, 3072, 576),
+        ("down_q4_1", BlockFormat::Q4_1, 576, 1536),
+        ("output_q8_0", BlockFormat::Q8_0, 49152, 576),
+    ];
+    let mut group = c.benchmark_group(format!("quant products ({path:?})"));
+    for (name, format, rows, cols) in shapes {
+        let matrix = random_matrix(format, rows, cols, &mut rng);
+        for n in [1, 8, 40] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.uniform()).collect();
+            let mut acts = ActivationRows::new();
+            acts.quantize(&x, n, cols);
+            let mut y = vec![0f32; n * rows];
+            group.throughput(Throughput::Elements((n * rows * cols) as u64));
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                b.iter(|| QuantizedMatrix::matmul_fused(path, &[&matrix], &acts, &mut y));
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, products);
+criterion_main!(benches);
