@@ -199,11 +199,11 @@ macro_rules! rows4_body {
 /// Four weight rows of `Q4_0`, `Q4_1` or `Q8_0` times a panel of eight activation rows: each
 /// dword of a weight block (four quants) is broadcast to every lane and `$nibble(p, w, x)`
 /// adds to lane `c` of `p` the four `u8 × i8` products of `w` (nibbles, `w ≤ 15`) with
-/// activation row `c`'s four quants, `$nibble_sum` making the block's eight `i32` sums. `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds
-/// `Σ (w + offset)·x` for the path's `$q8_offset` (128 with `w` flipped to unsigned by its
-/// sign bit on VNNI; 0 with AVX2's sign trick). Per block and weight row: the block's scales
-/// times the panel's, one multiply-add for the products and one for the offsets and minimums
-/// (`m·d_x·Σq_x`), all lanes at once; no horizontal sums.
+/// activation row `c`'s four quants, `$nibble_sum` making the block's eight `i32` sums.
+/// `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds `Σ w·x` by the sign trick
+/// (`|w|·(sign(w)·x)`). Per block and weight row: the block's scales times the panel's, one
+/// multiply-add for the products and one for the offsets and minimums (`m·d_x·Σq_x`), all
+/// lanes at once; no horizontal sums.
 macro_rules! panel_body {
     (
         $format:expr,
@@ -211,8 +211,7 @@ macro_rules! panel_body {
         $panel:expr,
         $nibble:expr,
         $nibble_sum:expr,
-        $q8:expr,
-        $q8_offset:expr
+        $q8:expr $(,)?
     ) => {{
         let (format, rows, panel): (BlockFormat, [&[u8]; 4], &[PanelBlock]) =
             ($format, $rows, $panel);
@@ -281,10 +280,7 @@ macro_rules! panel_body {
                     }
                     p
                 },
-                {
-                    let d = half(block[0], block[1]);
-                    (d, -$q8_offset * d)
-                }
+                (half(block[0], block[1]), 0.0)
             ),
         }
         acc.map(|a| {
@@ -303,15 +299,13 @@ pub(super) unsafe fn panel_avx512vnni(
     rows: [&[u8]; 4],
     panel: &[PanelBlock],
 ) -> [[f32; PANEL]; 4] {
-    let flip = _mm256_set1_epi8(i8::MIN);
     panel_body!(
         format,
         rows,
         panel,
         |p, w, x| _mm256_dpbusd_epi32(p, w, x),
         |p| p,
-        |p, w, x| _mm256_dpbusd_epi32(p, _mm256_xor_si256(w, flip), x),
-        128.0
+        |p, w, x| _mm256_dpbusd_epi32(p, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
     )
 }
 
@@ -323,15 +317,13 @@ pub(super) unsafe fn panel_avxvnni(
     rows: [&[u8]; 4],
     panel: &[PanelBlock],
 ) -> [[f32; PANEL]; 4] {
-    let flip = _mm256_set1_epi8(i8::MIN);
     panel_body!(
         format,
         rows,
         panel,
         |p, w, x| _mm256_dpbusd_avx_epi32(p, w, x),
         |p| p,
-        |p, w, x| _mm256_dpbusd_avx_epi32(p, _mm256_xor_si256(w, flip), x),
-        128.0
+        |p, w, x| _mm256_dpbusd_avx_epi32(p, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
     )
 }
 
@@ -360,7 +352,6 @@ pub(super) unsafe fn panel_avx2(
                 _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, x_signed), ones),
             )
         },
-        0.0
     )
 }
 
