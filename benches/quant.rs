@@ -4,7 +4,10 @@
 //!
 //! - `gate_up_q4_1`: `[3072, 576]` `Q4_1` (a layer's fused gate and up projections);
 //! - `down_q4_1`: `[576, 1536]` `Q4_1`;
-//! - `output_q8_0`: `[49152, 576]` `Q8_0` (the tied output projection).
+//! - `output_q8_0`: `[49152, 576]` `Q8_0` (the tied output projection);
+//! - `attend_cached`: one query position's attention over a cache of 256 positions for the
+//!   three query heads of one key/value head (SmolLM2-135M: `d_k` 64, three key/value heads a
+//!   row), one thread: the inner loop of decoding's attention.
 //!
 //! ```text
 //! RAYON_NUM_THREADS=2 cargo bench -p xfmr-kernels --bench quant
@@ -15,6 +18,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix};
+use xfmr_kernels::{attend_cached, CachedHead};
 
 /// xorshift64: reproducible bytes and values without a dependency.
 struct Rng(u64);
@@ -74,5 +78,30 @@ fn products(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, products);
+fn cached_attention(c: &mut Criterion) {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let (group_heads, d_k, kv_heads, len) = (3, 64, 3, 256);
+    let stride = kv_heads * d_k;
+    let keys: Vec<f32> = (0..len * stride).map(|_| rng.uniform()).collect();
+    let values: Vec<f32> = (0..len * stride).map(|_| rng.uniform()).collect();
+    let q: Vec<f32> = (0..group_heads * d_k).map(|_| rng.uniform()).collect();
+    let head = CachedHead {
+        keys: &keys,
+        values: &values,
+        stride,
+        offset: d_k,
+        d_k,
+        len,
+    };
+    let (mut scores, mut out) = (Vec::new(), vec![0f32; group_heads * d_k]);
+    let mut group = c.benchmark_group("cached attention");
+    // Multiply-adds: scores and weighted values.
+    group.throughput(Throughput::Elements((2 * group_heads * d_k * len) as u64));
+    group.bench_function("attend_cached", |b| {
+        b.iter(|| attend_cached(&q, head, 0.125, &mut scores, &mut out));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, products, cached_attention);
 criterion_main!(benches);

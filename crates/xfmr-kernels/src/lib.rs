@@ -6,8 +6,11 @@
 //!
 //! - [`attention()`]: the whole of `softmax(QKᵀ·s + M + A) V` per block of query rows, reading
 //!   multi-head attention's strided head views in place;
+//! - [`attend_cached`] and [`cached_probabilities`]: one query position's attention over a
+//!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled;
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
 //! - [`gelu`]: exact GELU, vectorised;
+//! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
 //!   the blocks with `i8`-quantised activations (llama.cpp's scheme), AVX-512 VNNI, AVX-VNNI
 //!   and AVX2 paths chosen at run time beside a portable one. Host code on plain slices: it
@@ -29,6 +32,8 @@
 //! | `attention::Task::run`, second `product` | `O_blk = exp(S - m) V_h` | as above for `V`; the output block is the task's own, disjoint chunk (`par_chunks_mut`) |
 //! | `quant::dot::on_simd_path!` (used by `dot_row`, `dot_blocks`, `dot_blocks4`, `dot_rows4`, `dot_panel`) | its three calls of the `#[target_feature]` functions of `quant::dot::x86` | each for a `Path` that `Path::available` confirmed: it checks every feature those functions enable (AVX2, FMA, F16C, and AVX-VNNI or AVX-512 F/VNNI/VL); `QuantizedMatrix::matmul_fused`, their only caller, asserts it in all builds |
 //! | `quant::dot::x86` (`quant/dot/x86.rs`) | SIMD intrinsics: unaligned loads | `products_*` load `[u8; 32]`/`[i8; 32]` arrays (whole, or 16 bytes at offsets 0 and 16); `blocks*`/`rows4*` load from `&[u8; N]` blocks obtained by a checked `try_into` after an all-builds length assert: 16 bytes at offset 2 of an 18-byte `Q4_0` block, at offset 4 of a 20-byte `Q4_1` block, 32 bytes at offset 2 of a 34-byte `Q8_0` block; `panel_*` load dwords at offsets 2 + 4k (`Q4_0`, k < 4), 4 + 4k (`Q4_1`, k < 4) and 2 + 4k (`Q8_0`, k < 8) of such blocks, and aligned 32-byte vectors of a `PanelBlock` (`#[repr(C, align(32))]`, its `q[k]`, `d` and `sum` at multiples of 32 bytes) |
+//! | `cached::attend_cached`, `cached::cached_probabilities` | calls of the `#[target_feature(enable = "avx2")]` copy of the portable kernel (safe Rust, every slice bounds-checked) | each after `is_x86_feature_detected!("avx2")` |
+//! | `quant::dot::quantize_blocks` | its call of the `#[target_feature(enable = "avx2")]` copy of the portable loop (safe Rust) | after `is_x86_feature_detected!("avx2")` |
 //! | `exp::exp_shifted` | calls of the `#[target_feature(enable = "avx512f")]` and `"avx2"` copies | each after `is_x86_feature_detected!` for that feature |
 //!
 //! Everything else, `gelu` included, is safe Rust over public burn API (`into_data`,
@@ -41,13 +46,17 @@ use burn::tensor::backend::Backend;
 use burn::tensor::DType;
 
 mod attention;
+mod cached;
 mod exp;
 mod gelu;
 pub mod quant;
+mod silu;
 
 pub use attention::attention;
+pub use cached::{attend_cached, cached_probabilities, CachedHead};
 pub use exp::{exp_nonpositive, exp_shifted};
 pub use gelu::gelu;
+pub use silu::silu_mul;
 
 /// Whether the kernels run on backend `B` for tensors of `dtype`: the `flex` backend itself
 /// (not under `Autodiff`, whose tensors are another type), f32.

@@ -17,30 +17,99 @@ pub struct ActBlock {
     pub sum: [f32; 2],
 }
 
+/// The largest `f32` below ½.
+const HALF_DOWN: f32 = 0.499_999_97;
+/// `1.5·2²³`: an integer `k` with `|k| < 2²²` added to it sits in the low mantissa bits.
+const MAGIC: f32 = 12_582_912.0;
+
 impl ActBlock {
     /// Quantises 32 values: `q = round(x / d)`, `d = max|x| / 127` (all zero when `x` is).
+    #[inline(always)]
     pub fn quantize(x: &[f32]) -> Self {
         let x: &[f32; SUB] = x.try_into().expect("32 values");
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // The maximum in eight lanes, then across them (the same value in any order).
+        // Plain loops: `array::from_fn`'s closures are not inlined into the AVX2 copy.
+        let mut lanes = [0f32; 8];
+        for k in 0..SUB / 8 {
+            for l in 0..8 {
+                lanes[l] = lanes[l].max(x[8 * k + l].abs());
+            }
+        }
+        let amax = lanes.iter().fold(0f32, |m, &v| m.max(v));
         let d = amax / 127.0;
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        // Written so that it vectorises: `round` (half away from zero) as
+        // `trunc(v + copysign(0.5⁻, v))`, LLVM's own exact lowering of it (the sum rounds a
+        // tie up to the next integer), where `round` alone is a libm call per value; the
+        // integer taken from the mantissa of `r + 1.5·2²³` (a bit cast, where a saturating
+        // `as` is a scalar conversion per value); the half sums added as floats (exact: at
+        // most 16 integers of magnitude ≤ 127). Clamped: a subnormal `d` makes `id`
+        // infinite; |q| ≤ 127 is what the sign trick and AVX2's unsaturated `vpmaddubsw`
+        // rely on.
+        let mut r = [0f32; SUB];
         let mut q = [0i8; SUB];
         for j in 0..SUB {
-            // Clamped: a subnormal `d` makes `id` infinite; |q| ≤ 127 is what the sign trick
-            // and AVX2's unsaturated `vpmaddubsw` rely on.
-            q[j] = (x[j] * id).round().clamp(-127.0, 127.0) as i8;
+            // NaN (a NaN activation, or 0·∞ when a subnormal `d` made `id` infinite) counts
+            // as 0, so that the block's sums stay finite.
+            let v = x[j] * id;
+            let v = if v.is_nan() { 0.0 } else { v };
+            r[j] = (v + HALF_DOWN.copysign(v)).trunc().clamp(-127.0, 127.0);
+            q[j] = (r[j] + MAGIC).to_bits().wrapping_sub(MAGIC.to_bits()) as i8;
         }
-        let half = |h: usize| {
-            q[16 * h..16 * h + 16]
-                .iter()
-                .map(|&v| i32::from(v))
-                .sum::<i32>()
-        };
-        Self {
-            q,
-            d,
-            sum: [d * half(0) as f32, d * half(1) as f32],
+        let mut sum = [0f32; 2];
+        for (h, sum) in sum.iter_mut().enumerate() {
+            let mut eight = [0f32; 8];
+            for l in 0..8 {
+                eight[l] = r[16 * h + l] + r[16 * h + 8 + l];
+            }
+            let four = [
+                eight[0] + eight[4],
+                eight[1] + eight[5],
+                eight[2] + eight[6],
+                eight[3] + eight[7],
+            ];
+            *sum = d * ((four[0] + four[2]) + (four[1] + four[3]));
         }
+        Self { q, d, sum }
+    }
+}
+
+/// [`ActBlock::quantize`] over consecutive blocks of 32: `out[i]` from `x[32i..32i + 32]`.
+/// Compiled for AVX2 when the CPU has it (chosen at run time), where the rounding, the
+/// maximum and the sums vectorise (baseline x86-64 calls libm's `roundf` per value); the same
+/// operations on both paths, so the same blocks.
+///
+/// # Panics
+/// Unless `x` holds `32·out.len()` values.
+#[allow(unsafe_code)]
+pub(super) fn quantize_blocks(x: &[f32], out: &mut [ActBlock]) {
+    assert_eq!(
+        x.len(),
+        out.len() * SUB,
+        "quantize_blocks: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
+            return unsafe { quantize_blocks_avx2(x, out) };
+        }
+    }
+    quantize_blocks_portable(x, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_blocks_avx2(x: &[f32], out: &mut [ActBlock]) {
+    quantize_blocks_portable(x, out);
+}
+
+#[inline(always)]
+fn quantize_blocks_portable(x: &[f32], out: &mut [ActBlock]) {
+    for (o, x) in out.iter_mut().zip(x.chunks_exact(SUB)) {
+        *o = ActBlock::quantize(x);
     }
 }
 
@@ -290,3 +359,68 @@ fn products_portable(w: &[Sub32], x: &[ActBlock]) -> f32 {
 #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
 #[allow(unsafe_code)]
 mod x86;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched quantisation (AVX2 where the CPU has it) equals the portable loop block
+    /// for block, bit for bit, on values with exact halves (`round` takes them away from zero),
+    /// an all-zero block and a block of one huge value.
+    #[test]
+    fn quantize_blocks_is_the_same_on_every_path() {
+        let mut x: Vec<f32> = (0..SUB * 40)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.25 + if i % 7 == 0 { 0.5 } else { 0.0 })
+            .collect();
+        x[SUB..2 * SUB].fill(0.0);
+        x[2 * SUB] = 1e30;
+        let (mut dispatched, mut portable) =
+            (vec![ActBlock::default(); 40], vec![ActBlock::default(); 40]);
+        quantize_blocks(&x, &mut dispatched);
+        quantize_blocks_portable(&x, &mut portable);
+        assert_eq!(dispatched, portable);
+        // The plain formula: `round`, clamp, a saturating cast (NaN → 0), integer sums.
+        let mut odd = x.clone();
+        odd[3 * SUB..4 * SUB].fill(0.0);
+        odd[3 * SUB] = 1e-38; // d subnormal, 1/d infinite: 0·∞ in the others
+        odd[4 * SUB + 5] = f32::NAN;
+        odd[5 * SUB + 1] = -0.0;
+        let mut blocks = vec![ActBlock::default(); 40];
+        quantize_blocks(&odd, &mut blocks);
+        for (b, x) in blocks.iter().zip(odd.chunks_exact(SUB)) {
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let q: Vec<i8> = x
+                .iter()
+                .map(|v| (v * id).round().clamp(-127.0, 127.0) as i8)
+                .collect();
+            let half = |h: usize| {
+                q[16 * h..16 * h + 16]
+                    .iter()
+                    .map(|&v| i32::from(v))
+                    .sum::<i32>()
+            };
+            assert_eq!(b.q.as_slice(), q.as_slice());
+            assert_eq!(b.d, d);
+            assert_eq!(b.sum, [d * half(0) as f32, d * half(1) as f32]);
+        }
+        // The rounding is `round`'s, ties and all.
+        for v in [
+            0.5f32, 1.5, 2.5, -0.5, -2.5, 0.49999997, 126.5, -126.5, 8388607.5,
+        ] {
+            assert_eq!((v + HALF_DOWN.copysign(v)).trunc(), v.round(), "{v}");
+        }
+        assert_eq!(dispatched[1], ActBlock::default());
+        assert_eq!(dispatched[2].q[0], 127);
+        for (b, x) in dispatched.iter().zip(x.chunks_exact(SUB)) {
+            for (q, v) in b.q.iter().zip(x) {
+                assert!(
+                    (*q as f32 * b.d - v).abs() <= b.d / 2.0 * 1.0001,
+                    "{v} as {q}·{}",
+                    b.d
+                );
+            }
+        }
+    }
+}

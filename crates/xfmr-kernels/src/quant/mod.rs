@@ -33,7 +33,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use dot::{dot_blocks, dot_blocks4, dot_panel, dot_row, dot_rows4, reads_in_place};
+use dot::{
+    dot_blocks, dot_blocks4, dot_panel, dot_row, dot_rows4, quantize_blocks, reads_in_place,
+};
 pub use dot::{ActBlock, PanelBlock, Path, PANEL};
 pub use formats::{dequantize, BlockFormat, Sub32, SUB};
 
@@ -55,6 +57,11 @@ const fn panel_min_rows(format: BlockFormat) -> usize {
 /// The fewest activation rows for which [`ActivationRows`] builds panels: the least of
 /// [`panel_min_rows`] (that of the 4-bit formats).
 const PANEL_MIN_ROWS: usize = 3;
+
+/// From how many activations [`ActivationRows::quantize`] splits the work over rayon's
+/// threads: a step of eight sequences (8 × 576 or 8 × 1536 values) quantises in a few
+/// microseconds, less than a fork-join costs; a prompt's rows are worth sharing.
+const PARALLEL_QUANTIZE: usize = 1 << 15;
 
 /// `[n, cols]` activations quantised per block of 32 (and, for several rows, the same blocks
 /// arranged in [`PanelBlock`]s of [`PANEL`] rows).
@@ -83,13 +90,15 @@ impl ActivationRows {
             x.len()
         );
         self.blocks.clear();
-        if n > 1 {
-            // Several rows (a batch, a prompt): on rayon's threads too, in order.
+        self.blocks.resize(x.len() / SUB, ActBlock::default());
+        if x.len() >= PARALLEL_QUANTIZE {
+            // Many rows (a prompt): on rayon's threads too, in tasks of 64 blocks.
             self.blocks
-                .par_extend(x.par_chunks_exact(SUB).map(ActBlock::quantize));
+                .par_chunks_mut(64)
+                .zip(x.par_chunks(64 * SUB))
+                .for_each(|(out, x)| quantize_blocks(x, out));
         } else {
-            self.blocks
-                .extend(x.chunks_exact(SUB).map(ActBlock::quantize));
+            quantize_blocks(x, &mut self.blocks);
         }
         self.n = n;
         self.cols = cols;

@@ -26,13 +26,13 @@ mod ops;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
-use rayon::prelude::*;
+use xfmr_kernels::silu_mul;
 use xfmr_models::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
 use xfmr_models::ModelError;
 
 pub use linear::{Activations, ProductScratch, QuantizedLinear};
 
-use ops::{attention, attention_weights, rms_norm, rope};
+use ops::{attention, attention_weights, rms_norm, rope, rope_angles, Cached};
 
 use crate::gguf::{Gguf, GgufError};
 use crate::llama::LlamaConfig;
@@ -111,6 +111,8 @@ pub struct Scratch {
     gate_up: Vec<f32>,
     act: Vec<f32>,
     logits: Vec<f32>,
+    /// The rotation of each new row of a step (`ops::rope_angles`, `d_k / 2` each).
+    angles: Vec<(f32, f32)>,
     product: ProductScratch,
 }
 
@@ -376,7 +378,23 @@ impl QuantizedLlama {
     /// leaves the logits after each sequence's last token in `s.logits`, `[sequences,
     /// vocab]`. With `record`, pushes each layer's attention weights `[heads, n, past + n]`
     /// (one sequence only).
+    ///
+    /// The whole pass runs on one of rayon's workers (`rayon::scope` moves it there when the
+    /// caller is not one): its ~150 parallel regions then fork from a worker, whose partners
+    /// steal from its queue, instead of each being injected into the pool from outside and
+    /// waited for on a lock (a sleep and a wake-up per region; one client's decoding
+    /// 14% faster, docs/benchmarks.md).
     fn forward_rows(
+        &self,
+        rows: &mut [(&mut SequenceCache, &[u32])],
+        s: &mut Scratch,
+        record: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<(), ModelError> {
+        rayon::scope(|_| self.forward_rows_on_worker(rows, s, record))
+    }
+
+    /// [`forward_rows`](Self::forward_rows)' body.
+    fn forward_rows_on_worker(
         &self,
         rows: &mut [(&mut SequenceCache, &[u32])],
         s: &mut Scratch,
@@ -418,6 +436,14 @@ impl QuantizedLlama {
             self.embedding.row_into(t as usize, x);
         }
         let width = d + 2 * kv;
+        // Every new row's rotation, once for all layers: rows in `starts` order.
+        let half = d_k / 2;
+        s.angles.clear();
+        for (row, tokens) in rows.iter() {
+            for i in 0..tokens.len() {
+                rope_angles(d_k, row.len + i, c.rope_theta, &mut s.angles);
+            }
+        }
         for (l, layer) in self.layers.iter().enumerate() {
             rms_norm(&s.x, &layer.attn_norm, eps, &mut s.h);
             s.qkv.resize(n * width, 0.0);
@@ -432,34 +458,31 @@ impl QuantizedLlama {
             );
             s.attn.resize(n * d, 0.0);
             for ((row, tokens), &start) in rows.iter_mut().zip(&starts) {
-                let (m, past) = (tokens.len(), row.len);
+                let m = tokens.len();
                 let qkv = &mut s.qkv[start * width..(start + m) * width];
-                for (i, row_qkv) in qkv.chunks_exact_mut(width).enumerate() {
-                    let position = past + i;
+                let angles = s.angles[start * half..(start + m) * half].chunks_exact(half);
+                for (row_qkv, angles) in qkv.chunks_exact_mut(width).zip(angles) {
                     let (q, kv_part) = row_qkv.split_at_mut(d);
-                    rope(q, d_k, position, c.rope_theta);
-                    rope(&mut kv_part[..kv], d_k, position, c.rope_theta);
+                    rope(q, d_k, angles);
+                    rope(&mut kv_part[..kv], d_k, angles);
                     row.keys[l].extend_from_slice(&kv_part[..kv]);
                     row.values[l].extend_from_slice(&kv_part[kv..]);
                 }
             }
-            // Every sequence's attention in one parallel pass (one fork-join per layer, not
-            // one per sequence).
-            let mut outs = Vec::with_capacity(rows.len());
-            let mut rest = s.attn.as_mut_slice();
-            for (_, tokens) in rows.iter() {
-                let (out, tail) = rest.split_at_mut(tokens.len() * d);
-                outs.push(out);
-                rest = tail;
-            }
-            let qkv_all = &s.qkv;
-            rows.par_iter()
-                .zip(outs.into_par_iter())
-                .zip(starts.par_iter())
-                .for_each(|(((row, tokens), out), &start)| {
-                    let qkv = &qkv_all[start * width..(start + tokens.len()) * width];
-                    attention(c, qkv, width, &row.keys[l], &row.values[l], row.len, out);
-                });
+            // Every query of every sequence in one parallel pass over (query, key/value head)
+            // pairs: one fork-join per layer.
+            let caches: Vec<Cached<'_>> = rows
+                .iter()
+                .zip(&starts)
+                .map(|((row, tokens), &start)| Cached {
+                    keys: &row.keys[l],
+                    values: &row.values[l],
+                    past: row.len,
+                    start,
+                    n: tokens.len(),
+                })
+                .collect();
+            attention(c, &s.qkv, width, &caches, &mut s.attn);
             if let Some(weights) = record.as_deref_mut() {
                 for ((row, tokens), &start) in rows.iter().zip(&starts) {
                     let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
@@ -495,9 +518,7 @@ impl QuantizedLlama {
                 .zip(s.gate_up.chunks_exact(2 * ff))
             {
                 let (g, u) = gu.split_at(ff);
-                for ((a, &g), &u) in act.iter_mut().zip(g).zip(u) {
-                    *a = g / (1.0 + (-g).exp()) * u;
-                }
+                silu_mul(g, u, act);
             }
             QuantizedLinear::forward_fused(
                 &[&layer.down],

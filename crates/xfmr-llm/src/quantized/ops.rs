@@ -1,7 +1,9 @@
 //! The host operations of [`QuantizedLlama`](super::QuantizedLlama)'s forward pass besides
-//! the products: RMSNorm, RoPE on interleaved pairs, causal attention over the cache.
+//! the products: RMSNorm, RoPE on interleaved pairs, causal attention over the cache
+//! (xfmr-kernels' [`attend_cached`]).
 
 use rayon::prelude::*;
+use xfmr_kernels::{attend_cached, cached_probabilities, CachedHead};
 
 use crate::llama::LlamaConfig;
 
@@ -20,82 +22,109 @@ pub(super) fn rms_norm(x: &[f32], gamma: &[f32], eps: f32, out: &mut Vec<f32>) {
     }
 }
 
-/// Rotates the interleaved pairs `(2i, 2i+1)` of each head of `x` (heads of `d_k`) by
-/// `position·θ^(−2i/d_k)`.
-pub(super) fn rope(x: &mut [f32], d_k: usize, position: usize, theta: f64) {
-    let half = d_k / 2;
-    for i in 0..half {
+/// Appends `(sin, cos)` of `position·θ^(−2i/d_k)` for each pair `i < d_k/2`: the rotation of
+/// one position, shared by its query and key heads in every layer.
+pub(super) fn rope_angles(d_k: usize, position: usize, theta: f64, out: &mut Vec<(f32, f32)>) {
+    out.extend((0..d_k / 2).map(|i| {
         let angle = position as f64 * theta.powf(-2.0 * i as f64 / d_k as f64);
-        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
-        for head in x.chunks_exact_mut(d_k) {
-            let (a, b) = (head[2 * i], head[2 * i + 1]);
-            head[2 * i] = a * cos - b * sin;
-            head[2 * i + 1] = b * cos + a * sin;
+        (angle.sin() as f32, angle.cos() as f32)
+    }));
+}
+
+/// Rotates the interleaved pairs `(2i, 2i+1)` of each head of `x` (heads of `d_k`) by the
+/// angles of [`rope_angles`].
+pub(super) fn rope(x: &mut [f32], d_k: usize, angles: &[(f32, f32)]) {
+    for head in x.chunks_exact_mut(d_k) {
+        for (pair, &(sin, cos)) in head.chunks_exact_mut(2).zip(angles) {
+            let (a, b) = (pair[0], pair[1]);
+            pair[0] = a * cos - b * sin;
+            pair[1] = b * cos + a * sin;
         }
     }
 }
 
-/// Causal attention of the `n` new queries (in `qkv`, rows of `width`, queries first) over
-/// the cache (`past + n` positions), written to `out` (`[n, d]`), in parallel over queries and
-/// key/value heads. The query heads that share a key/value head are taken together, so that
-/// each cached key and value row is read once for all of them (three heads per row for
-/// SmolLM2); each head's arithmetic is the same as alone.
+/// One sequence of a step, for [`attention`]: a layer's cached keys and values (rows of
+/// `n_kv_heads · d_k`, the step's new positions included), how many positions came before the
+/// step, and where its `n` new rows start among the step's.
+pub(super) struct Cached<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub past: usize,
+    pub start: usize,
+    pub n: usize,
+}
+
+/// Causal attention of every new query of a step (rows of `qkv`, `width` each, queries first;
+/// sequence after sequence as `seqs` says) over its own sequence's cache, written to `out`
+/// (`[rows, d]`), in parallel over (query, key/value head) pairs of all sequences at once. The
+/// query heads that share a key/value head are taken together ([`attend_cached`]: each cached
+/// key and value row is read once for all of them, three heads per row for SmolLM2); each
+/// head's arithmetic is the same as alone, and no sequence's result depends on the others.
 pub(super) fn attention(
     c: &LlamaConfig,
     qkv: &[f32],
     width: usize,
-    keys: &[f32],
-    values: &[f32],
-    past: usize,
+    seqs: &[Cached<'_>],
     out: &mut [f32],
 ) {
     let d_k = c.d_k();
-    let kv = c.n_kv_heads * d_k;
     let group = c.n_heads / c.n_kv_heads;
-    let scale = 1.0 / (d_k as f32).sqrt();
+    debug_assert!(
+        seqs.iter()
+            .scan(0, |at, seq| {
+                let ok = seq.start == *at;
+                *at += seq.n;
+                Some(ok)
+            })
+            .all(|ok| ok),
+        "attention: sequences' rows out of order"
+    );
+    // The sequence of each row.
+    let of_row: Vec<usize> = seqs
+        .iter()
+        .enumerate()
+        .flat_map(|(j, seq)| std::iter::repeat_n(j, seq.n))
+        .collect();
     out.par_chunks_mut(group * d_k).enumerate().for_each_init(
         Vec::new,
         |scores: &mut Vec<f32>, (chunk, o)| {
-            let (i, g) = (chunk / c.n_kv_heads, chunk % c.n_kv_heads);
-            let seen = past + i + 1;
-            // scores[j·seen + t]: head g·group + j against position t.
-            scores.clear();
-            scores.resize(group * seen, 0.0);
-            let q = &qkv[i * width + g * group * d_k..i * width + (g + 1) * group * d_k];
-            for t in 0..seen {
-                let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-                for (j, q) in q.chunks_exact(d_k).enumerate() {
-                    scores[j * seen + t] = dot(q, k) * scale;
-                }
-            }
-            for row in scores.chunks_exact_mut(seen) {
-                softmax(row);
-            }
-            o.fill(0.0);
-            for t in 0..seen {
-                let v = &values[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-                for (j, o) in o.chunks_exact_mut(d_k).enumerate() {
-                    let w = scores[j * seen + t];
-                    o.iter_mut().zip(v).for_each(|(o, v)| *o += w * v);
-                }
-            }
+            let (r, g) = (chunk / c.n_kv_heads, chunk % c.n_kv_heads);
+            let seq = &seqs[of_row[r]];
+            let seen = seq.past + (r - seq.start) + 1;
+            let q = &qkv[r * width + g * group * d_k..r * width + (g + 1) * group * d_k];
+            let head = cached(c, seq.keys, seq.values, g, seen);
+            attend_cached(q, head, scale(c), scores, o);
         },
     );
 }
 
-/// `row ← softmax(row)` in place.
-fn softmax(row: &mut [f32]) {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut total = 0.0;
-    for v in row.iter_mut() {
-        *v = (*v - max).exp();
-        total += *v;
+/// Key/value head `g` of a layer's cache over its first `len` positions.
+fn cached<'a>(
+    c: &LlamaConfig,
+    keys: &'a [f32],
+    values: &'a [f32],
+    g: usize,
+    len: usize,
+) -> CachedHead<'a> {
+    let d_k = c.d_k();
+    CachedHead {
+        keys,
+        values,
+        stride: c.n_kv_heads * d_k,
+        offset: g * d_k,
+        d_k,
+        len,
     }
-    row.iter_mut().for_each(|v| *v /= total);
+}
+
+/// `1/√d_k`.
+fn scale(c: &LlamaConfig) -> f32 {
+    1.0 / (c.d_k() as f32).sqrt()
 }
 
 /// The attention weights of the `n` new queries over the cache (`past + n` positions), as
-/// [`attention`] uses them: `[heads, n, past + n]`, zeros where a query may not look.
+/// [`attention`] uses them (the same kernel's probabilities): `[heads, n, past + n]`, zeros
+/// where a query may not look.
 pub(super) fn attention_weights(
     c: &LlamaConfig,
     qkv: &[f32],
@@ -103,44 +132,24 @@ pub(super) fn attention_weights(
     keys: &[f32],
     past: usize,
 ) -> Vec<f32> {
+    let d_k = c.d_k();
+    let group = c.n_heads / c.n_kv_heads;
     let n = qkv.len() / width;
     let total = past + n;
     let mut out = vec![0f32; c.n_heads * n * total];
     let mut scores = Vec::new();
-    for h in 0..c.n_heads {
-        for i in 0..n {
-            probabilities(c, qkv, width, keys, past, i, h, &mut scores);
-            let at = (h * n + i) * total;
-            out[at..at + scores.len()].copy_from_slice(&scores);
+    for i in 0..n {
+        let seen = past + i + 1;
+        for g in 0..c.n_kv_heads {
+            let q = &qkv[i * width + g * group * d_k..i * width + (g + 1) * group * d_k];
+            cached_probabilities(q, cached(c, keys, keys, g, seen), scale(c), &mut scores);
+            for (j, row) in scores.chunks_exact(seen).enumerate() {
+                let at = ((g * group + j) * n + i) * total;
+                out[at..at + seen].copy_from_slice(row);
+            }
         }
     }
     out
-}
-
-/// Softmax of query `i`'s (head `h`) scaled scores over the `past + i + 1` positions it sees,
-/// into `scores` (the arithmetic of [`attention`], one head at a time).
-#[allow(clippy::too_many_arguments)]
-fn probabilities(
-    c: &LlamaConfig,
-    qkv: &[f32],
-    width: usize,
-    keys: &[f32],
-    past: usize,
-    i: usize,
-    h: usize,
-    scores: &mut Vec<f32>,
-) {
-    let d_k = c.d_k();
-    let kv = c.n_kv_heads * d_k;
-    let g = h / (c.n_heads / c.n_kv_heads);
-    let scale = 1.0 / (d_k as f32).sqrt();
-    let q = &qkv[i * width + h * d_k..i * width + (h + 1) * d_k];
-    scores.clear();
-    scores.extend((0..past + i + 1).map(|t| {
-        let k = &keys[t * kv + g * d_k..t * kv + (g + 1) * d_k];
-        dot(q, k) * scale
-    }));
-    softmax(scores);
 }
 
 /// `Σ a_i·b_i` over 8 partial sums, so that it vectorises (a plain `f32` sum is a sequential
