@@ -1,5 +1,5 @@
 //! Data-parallel training: processes and devices train as one replica would; a missing rank is
-//! named.
+//! named; a killed replica stops its peer, and a restart resumes the run.
 
 use std::process::Command;
 
@@ -72,26 +72,8 @@ fn data_parallel_trains_as_one(nodes: usize, devices: usize) {
     let dir = tempfile::tempdir().unwrap();
     let data = small_corpus(dir.path());
     let data = data.to_str().unwrap();
-    let model = xfmr::models::TransformerConfig::tiny(300).map_layer(|l| l.with_dropout(0.0));
-    let config = xfmr::train::TrainConfig::new()
-        .with_steps(6)
-        .with_max_tokens(400)
-        .with_warmup(4)
-        .with_lr_factor(0.3) // the CLI's default
-        .with_epsilon(0.1)
-        .with_checkpoint_every(3)
-        .with_keep_checkpoints(2)
-        .with_average(2);
-    let spec = serde_json::json!({
-        "task": "translation",
-        "objective": xfmr::train::Translation::new(model, 1, 2),
-        "train": config,
-    });
-    let config_path = dir.path().join("train-config.json");
-    std::fs::write(&config_path, serde_json::to_vec(&spec).unwrap()).unwrap();
-    let mut single_args = train_args(data, "", "6", "0");
-    let at = single_args.iter().position(|&a| a == "--preset").unwrap();
-    single_args.splice(at..at + 2, ["--config", config_path.to_str().unwrap()]);
+    let single_args = parallel_run_args(dir.path(), data, 6);
+    let single_args: Vec<&str> = single_args.iter().map(String::as_str).collect();
 
     let single = dir.path().join("single");
     let mut args = single_args.clone();
@@ -189,6 +171,42 @@ fn data_parallel_trains_as_one(nodes: usize, devices: usize) {
     );
 }
 
+/// The arguments of [`data_parallel_trains_as_one`]'s runs for `steps` steps (its configuration
+/// file written into `dir`), `--out` (index 4) still empty.
+fn parallel_run_args(dir: &std::path::Path, data: &str, steps: usize) -> Vec<String> {
+    let model = xfmr::models::TransformerConfig::tiny(300).map_layer(|l| l.with_dropout(0.0));
+    let config = xfmr::train::TrainConfig::new()
+        .with_steps(steps)
+        .with_max_tokens(400)
+        .with_warmup(4)
+        .with_lr_factor(0.3) // the CLI's default
+        .with_epsilon(0.1)
+        .with_checkpoint_every(3)
+        .with_keep_checkpoints(2)
+        .with_average(2);
+    let spec = serde_json::json!({
+        "task": "translation",
+        "objective": xfmr::train::Translation::new(model, 1, 2),
+        "train": config,
+    });
+    let config_path = dir.join("train-config.json");
+    std::fs::write(&config_path, serde_json::to_vec(&spec).unwrap()).unwrap();
+    let steps = steps.to_string();
+    let mut args: Vec<String> = train_args(data, "", &steps, "0")
+        .into_iter()
+        .map(String::from)
+        .collect();
+    let at = args.iter().position(|a| a == "--preset").unwrap();
+    args.splice(
+        at..at + 2,
+        [
+            "--config".to_string(),
+            config_path.to_str().unwrap().to_string(),
+        ],
+    );
+    args
+}
+
 /// Two processes of one replica each (see [`data_parallel_trains_as_one`]).
 #[test]
 fn two_processes_train_as_one() {
@@ -236,4 +254,154 @@ fn a_missing_rank_is_named_after_the_timeout() {
         );
     }
     assert!(!run.join("checkpoints").exists());
+}
+
+/// `xfmr train` as rank `rank` of a two-process run of one replica each, into `run`, its
+/// standard error into `log`.
+fn spawn_rank(
+    template: &[String],
+    run: &std::path::Path,
+    rank: usize,
+    coordinator: &str,
+    peer_timeout: u64,
+    log: &std::path::Path,
+) -> std::process::Child {
+    let mut args = template.to_vec();
+    args[4] = run.to_str().unwrap().to_string();
+    let (port, timeout) = (free_port().to_string(), peer_timeout.to_string());
+    for extra in [
+        ["--nodes", "2"],
+        ["--rank", &rank.to_string()],
+        ["--devices", "1"],
+        ["--coordinator", coordinator],
+        ["--data-port", &port],
+        ["--peer-timeout", &timeout],
+    ] {
+        args.extend(extra.map(String::from));
+    }
+    Command::new(env!("CARGO_BIN_EXE_xfmr"))
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+/// A replica killed mid-run: rank 1 of a two-process run gets SIGKILL once the step-3
+/// checkpoint is complete. Rank 0 stops within the peer timeout (plus a margin for a debug
+/// build), with an error naming the step it waited in and the replica it waited for; then the
+/// same command on both ranks resumes from the last complete checkpoint and ends where one
+/// uninterrupted process does (≤ 1e-4 on every weight, the bound of
+/// [`data_parallel_trains_as_one`], for the same reasons).
+#[test]
+fn killed_replica_stops_its_peer_and_the_run_resumes() {
+    const STEPS: usize = 30;
+    // Long enough for two debug builds on two busy cores to start and reach every agreement
+    // (the other data-parallel tests wait up to 300 s); a killed peer's dropped connection
+    // usually ends the wait sooner.
+    const PEER_TIMEOUT: u64 = 20;
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_corpus(dir.path());
+    let template = parallel_run_args(dir.path(), data.to_str().unwrap(), STEPS);
+
+    let single = dir.path().join("single");
+    let mut args = template.clone();
+    args[4] = single.to_str().unwrap().to_string();
+    args.extend(["--devices", "1"].map(String::from));
+    xfmr_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+
+    let run = dir.path().join("run");
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let logs: Vec<std::path::PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("rank-{i}.log")))
+        .collect();
+    let read = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
+    let mut rank0 = spawn_rank(&template, &run, 0, &coordinator, PEER_TIMEOUT, &logs[0]);
+    let mut rank1 = spawn_rank(&template, &run, 1, &coordinator, PEER_TIMEOUT, &logs[1]);
+    let first = run.join("checkpoints/step-00000003");
+    let start = std::time::Instant::now();
+    while !first.exists() {
+        let finished = rank0.try_wait().unwrap().is_some() || rank1.try_wait().unwrap().is_some();
+        if finished || start.elapsed().as_secs() > 600 {
+            let _ = (rank0.kill(), rank1.kill());
+            panic!("no step-3 checkpoint:\n{}\n{}", read(0), read(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rank1.kill().unwrap(); // SIGKILL on Unix
+    rank1.wait().unwrap();
+    let killed = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = rank0.try_wait().unwrap() {
+            break status;
+        }
+        if killed.elapsed().as_secs() > PEER_TIMEOUT + 60 {
+            rank0.kill().unwrap();
+            panic!(
+                "rank 0 still running a minute after the peer timeout:\n{}",
+                read(0)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stopped = killed.elapsed();
+    let stderr = read(0);
+    assert!(
+        !status.success(),
+        "rank 0 finished without its peer:\n{stderr}"
+    );
+    assert!(
+        stopped.as_secs() <= PEER_TIMEOUT + 30,
+        "rank 0 stopped {stopped:?} after its peer was killed:\n{stderr}"
+    );
+    eprintln!("rank 0 after its peer was killed ({stopped:?}):\n{stderr}");
+    for expected in ["rank 0 of 2", "step ", "waiting for replica(s) [1]"] {
+        assert!(
+            stderr.contains(expected),
+            "expected {expected:?} in:\n{stderr}"
+        );
+    }
+    let complete = latest_checkpoint_step(&run);
+    assert!(
+        (3..STEPS).contains(&complete),
+        "last checkpoint: step {complete}"
+    );
+
+    // The same command on both ranks.
+    let coordinator = format!("127.0.0.1:{}", free_port());
+    let ranks = [
+        spawn_rank(&template, &run, 0, &coordinator, 300, &logs[2]),
+        spawn_rank(&template, &run, 1, &coordinator, 300, &logs[3]),
+    ];
+    for (i, mut rank) in ranks.into_iter().enumerate() {
+        let status = rank.wait().unwrap();
+        assert!(
+            status.success(),
+            "restarted rank {i} failed:\n{}",
+            read(2 + i)
+        );
+    }
+    let resumed = read(2);
+    assert!(
+        resumed.contains(&format!("from step {complete}")),
+        "rank 0 did not resume from step {complete}:\n{resumed}"
+    );
+    let last = format!("checkpoints/step-{STEPS:08}");
+    let expected = checkpoint_params(&single.join(&last));
+    let got = checkpoint_params(&run.join(&last));
+    let worst = got
+        .iter()
+        .zip(&expected)
+        .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()))
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4, "max |resumed − single| = {worst}");
+}
+
+/// The step of the newest complete checkpoint of `run`.
+fn latest_checkpoint_step(run: &std::path::Path) -> usize {
+    xfmr_train::trainer::checkpoints(run)
+        .unwrap()
+        .last()
+        .map(|c| c.0)
+        .expect("a checkpoint")
 }

@@ -1,5 +1,6 @@
-//! Training the translation model: a killed run resumes as if uninterrupted; the whole job
-//! (train, translate, eval, attention) on a small corpus.
+//! Training the translation model: a killed run resumes as if uninterrupted; a disk that fills
+//! during a checkpoint leaves the previous one; the whole job (train, translate, eval,
+//! attention) on a small corpus.
 
 use std::process::Command;
 
@@ -81,6 +82,87 @@ fn training_killed_and_restarted_matches_an_uninterrupted_run() {
     }
     assert!(killed.join("model/model.mpk").exists());
     assert!(killed.join("loss-curve.png").exists());
+}
+
+/// A disk that fills while a checkpoint is written: the run is resumed with every file it
+/// writes limited below the size of the model's weights (`ulimit -f`, with `SIGXFSZ` ignored so
+/// that the write fails with "File too large" instead of the signal killing the process), so
+/// the first checkpoint it writes fails. The run stops with an error naming the file; the
+/// previous checkpoint stays the newest, nothing half-written is left, and the same command
+/// without the limit resumes from it and finishes.
+#[cfg(unix)]
+#[test]
+fn full_disk_during_a_checkpoint_keeps_the_previous_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = small_corpus(dir.path());
+    let data = data.to_str().unwrap();
+    let run = dir.path().join("run");
+    let one = ["--devices", "1"];
+    let mut args = train_args(data, run.to_str().unwrap(), "4", "0");
+    args.extend(one);
+    xfmr_ok(&args);
+    let checkpoints = run.join("checkpoints");
+    let previous = checkpoints.join("step-00000004");
+    let weights = std::fs::metadata(previous.join("model.mpk")).unwrap().len();
+    let before: Vec<(String, Vec<u8>)> = std::fs::read_dir(&previous)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+
+    // A quarter of the weights' size in the shell's blocks of 512 bytes (dash; bash's are
+    // 1,024 bytes, half the size: below it either way).
+    let blocks = weights / 4 / 512;
+    assert!(
+        blocks >= 16,
+        "model.mpk of {weights} bytes: too small for the limit"
+    );
+    let mut args = train_args(data, run.to_str().unwrap(), "8", "0");
+    args.extend(one);
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f {blocks}; exec \"$0\" \"$@\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_xfmr"))
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the run did not fail:\n{stderr}");
+    assert!(
+        stderr.contains("checkpoints/step-00000008.partial/model.mpk"),
+        "the error does not name the checkpoint's file:\n{stderr}"
+    );
+    assert!(stderr.contains("File too large"), "{stderr}");
+    eprintln!("the run under the limit:\n{stderr}");
+    let left: Vec<String> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left, ["step-00000004"], "only the previous checkpoint");
+    for (name, bytes) in &before {
+        assert_eq!(
+            &std::fs::read(previous.join(name)).unwrap(),
+            bytes,
+            "{name} changed"
+        );
+    }
+
+    let out = xfmr_ok(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("from step 4"), "{stderr}");
+    let steps: Vec<u64> = train_losses(&run).iter().map(|l| l.0).collect();
+    assert_eq!(
+        steps,
+        (1..=8).collect::<Vec<_>>(),
+        "one record per step, none twice"
+    );
 }
 
 /// The whole job on a small corpus: train, translate, eval, attention; bad input is refused

@@ -64,7 +64,7 @@ pub use store::{
     average_checkpoints, checkpoints, latest_checkpoint, load_model, load_run_model,
     parameter_fingerprint, save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
 };
-use store::{read_json, OPTIMIZER_FILE, TRAINER_FILE};
+use store::{read_json, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
 
 /// Where a run stands: optimiser steps taken and the next micro-batch to read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,14 +189,18 @@ where
     /// same examples, with the objective and configuration saved there.
     ///
     /// # Errors
-    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, one of another
-    /// objective, or one written for another number of training examples, naming the file.
+    /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, one holding a
+    /// file its manifest does not list (edited by hand), one of another objective, or one
+    /// written for another number of training examples, naming the file;
+    /// [`TrainError::Model`] with [`ModelError::ConfigMismatch`](xfmr_models::ModelError::ConfigMismatch)
+    /// when the model's configuration and the training state's disagree, naming the field.
     pub fn resume(
         dir: &Path,
         examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
         checkpoint::verify(dir)?;
+        refuse_unlisted_files(dir)?;
         let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
         if let Some(n) = state.examples.filter(|&n| n != examples.len()) {
             return Err(TrainError::checkpoint(

@@ -187,6 +187,39 @@ impl<B: Backend> ModuleMapper<B> for ReplaceParams<B> {
     }
 }
 
+/// Refuses a checkpoint directory holding anything its manifest does not list: a checkpoint is
+/// written whole (`.partial`, then renamed) with exactly the files the manifest names, so
+/// another file was put there by hand, and what it was meant to change would be ignored.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming the first such entry (in name order), or the manifest or
+/// directory that cannot be read.
+pub(crate) fn refuse_unlisted_files(dir: &Path) -> Result<(), TrainError> {
+    let listed =
+        xfmr_io::read_manifest(dir).map_err(|e| TrainError::checkpoint(e.path, e.message))?;
+    let mut names = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| TrainError::checkpoint(dir, e))? {
+        names.push(
+            entry
+                .map_err(|e| TrainError::checkpoint(dir, e))?
+                .file_name(),
+        );
+    }
+    names.sort();
+    let unlisted = names.into_iter().find(|name| {
+        name.to_str()
+            .is_none_or(|n| n != xfmr_io::MANIFEST_FILE && !listed.contains_key(n))
+    });
+    match unlisted {
+        Some(name) => Err(TrainError::checkpoint(
+            dir.join(name),
+            "is not listed in the checkpoint's manifest: a checkpoint holds only the files it \
+             was written with (added by hand?); remove it, or resume from another checkpoint",
+        )),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
     let text = fs::read_to_string(path).map_err(|e| TrainError::checkpoint(path, e))?;
     serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))

@@ -318,6 +318,63 @@ fn corrupt_checkpoints_are_refused_naming_the_file() {
     load_model::<Infer, TransformerConfig>(&good, &device).unwrap();
 }
 
+/// A checkpoint edited by hand is refused by name: a file beside those its manifest lists (a
+/// checkpoint holds only those), a listed file removed, or the model's configuration changed
+/// with the manifest sealed again over it (so that every size and hash checks out and only the
+/// configurations disagree: the one the training state was saved with, and the weights' own).
+#[test]
+fn edited_checkpoint_is_refused_by_name() {
+    let _guard = lock();
+    let device = Default::default();
+    let dir = tempfile::tempdir().unwrap();
+    let good = saved_run(dir.path());
+    let resume = |copy: &Path| Trainer::<Train>::resume(copy, examples(20, 3), &device);
+
+    let extra = dir.path().join("extra-file");
+    copy_dir(&good, &extra);
+    fs::write(extra.join("notes.txt"), "tuned by hand").unwrap();
+    expect_checkpoint_error(resume(&extra), "notes.txt");
+
+    for file in ["config.json", "trainer.json"] {
+        let copy = dir.path().join(format!("without-{file}"));
+        copy_dir(&good, &copy);
+        fs::remove_file(copy.join(file)).unwrap();
+        expect_checkpoint_error(resume(&copy), file);
+    }
+
+    let edited = dir.path().join("edited-config");
+    copy_dir(&good, &edited);
+    let path = edited.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    let max_len = config["max_len"].as_u64().expect("config.json has max_len");
+    config["max_len"] = serde_json::json!(max_len + 1);
+    fs::write(&path, serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    let listed: Vec<String> = xfmr_io::read_manifest(&edited)
+        .unwrap()
+        .into_keys()
+        .collect();
+    let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+    xfmr_io::write_manifest(&edited, &listed).unwrap();
+    match resume(&edited) {
+        Err(TrainError::Model(xfmr_models::ModelError::ConfigMismatch {
+            path,
+            field,
+            expected,
+            found,
+        })) => {
+            assert_eq!(path, edited);
+            assert_eq!(field, "max_len");
+            assert_eq!(
+                (expected, found),
+                (max_len.to_string(), (max_len + 1).to_string())
+            );
+        }
+        other => panic!("expected the configurations' difference, got {other:?}"),
+    }
+    // The original still resumes.
+    resume(&good).unwrap();
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
