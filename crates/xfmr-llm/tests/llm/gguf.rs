@@ -461,3 +461,150 @@ fn chat_template_renders_chatml_with_the_default_system_message() {
         lm.tokenizer.encode(&prompt).unwrap().len()
     );
 }
+
+/// The key a metadata refusal names, through either error type.
+fn refused_key(err: &LlmError) -> Option<&str> {
+    match err {
+        LlmError::Gguf(GgufError::Metadata { key, .. }) => Some(key),
+        _ => None,
+    }
+}
+
+/// Each metadata refusal of the Llama configuration (`LlamaConfig::from_gguf`, and through it
+/// `QuantizedLlama::from_gguf` and `LanguageModel::from_gguf`) and of the file's tokenizer
+/// (`GgufTokenizer::from_gguf`): one key of the tiny file changed, mistyped or removed at a
+/// time, and the error is `GgufError::Metadata` naming that key, or the tensor whose shape
+/// the metadata contradicts. (The flip sweep above shows that damaged files are refused, not
+/// what the refusal says.)
+#[test]
+fn gguf_metadata_refusals_name_the_key() {
+    let file = tiny_gguf(6);
+    let base = Gguf::parse(file.clone()).unwrap();
+    let vocab = tiny::tokens().0.len() as u64;
+    let text = |s: &str| Some(Value::String(s.into()));
+    let model_cases: [(&str, Option<Value>, &str); 14] = [
+        ("general.architecture", text("gpt2"), "general.architecture"),
+        (
+            "llama.attention.head_count",
+            None,
+            "llama.attention.head_count",
+        ),
+        ("llama.context_length", None, "llama.context_length"),
+        (
+            "llama.embedding_length",
+            Some(Value::U64(48)),
+            "llama.embedding_length",
+        ),
+        (
+            "llama.embedding_length",
+            text("32"),
+            "llama.embedding_length",
+        ),
+        (
+            "llama.vocab_size",
+            Some(Value::U64(vocab + 1)),
+            "llama.vocab_size",
+        ),
+        (
+            "llama.rope.dimension_count",
+            Some(Value::U64(4)),
+            "llama.rope.dimension_count",
+        ),
+        (
+            "llama.block_count",
+            Some(Value::U64(0)),
+            "llama.block_count",
+        ),
+        (
+            "llama.block_count",
+            Some(Value::U64(1 << 40)),
+            "llama.block_count",
+        ),
+        (
+            "llama.attention.head_count",
+            Some(Value::U64(3)),
+            "llama.attention.head_count",
+        ),
+        (
+            "llama.attention.head_count_kv",
+            Some(Value::U64(3)),
+            "llama.attention.head_count_kv",
+        ),
+        (
+            "llama.feed_forward_length",
+            Some(Value::U64(63)),
+            "blk.0.ffn_up.weight",
+        ),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            Some(Value::F64(0.0)),
+            "llama.attention.layer_norm_rms_epsilon",
+        ),
+        (
+            "llama.rope.freq_base",
+            Some(Value::F64(1.0)),
+            "llama.rope.freq_base",
+        ),
+    ];
+    let edited = |key: &str, value: &Option<Value>| {
+        let mut g = Gguf::parse(file.clone()).unwrap();
+        match value {
+            Some(v) => g.metadata.insert(key.to_string(), v.clone()),
+            None => g.metadata.remove(key),
+        };
+        g
+    };
+    for (key, value, named) in &model_cases {
+        let g = edited(key, value);
+        let case = format!("{key} = {value:?}");
+        match llama::LlamaConfig::from_gguf(&g) {
+            Err(GgufError::Metadata { key, .. }) => assert_eq!(key, *named, "{case}"),
+            other => panic!("{case}: expected metadata {named:?} refused, got {other:?}"),
+        }
+        let err = xfmr_llm::quantized::QuantizedLlama::from_gguf(&g, 0).unwrap_err();
+        assert_eq!(refused_key(&err), Some(*named), "{case}: {err}");
+        let err = LanguageModel::<B>::from_gguf(&g, &Default::default()).unwrap_err();
+        assert_eq!(refused_key(&err), Some(*named), "{case}: {err}");
+    }
+    let tokenizer_cases: [(&str, Option<Value>, &str); 7] = [
+        (
+            "tokenizer.ggml.model",
+            text("llama"),
+            "tokenizer.ggml.model",
+        ),
+        (
+            "tokenizer.ggml.pre",
+            text("no-such-split"),
+            "tokenizer.ggml.pre",
+        ),
+        ("tokenizer.ggml.merges", None, "tokenizer.ggml.merges"),
+        (
+            "tokenizer.ggml.tokens",
+            Some(Value::Array(vec![Value::U64(1)])),
+            "tokenizer.ggml.tokens",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            None,
+            "tokenizer.ggml.eos_token_id",
+        ),
+        (
+            "tokenizer.ggml.eos_token_id",
+            Some(Value::U64(vocab)),
+            "tokenizer.ggml.eos_token_id",
+        ),
+        (
+            "tokenizer.ggml.bos_token_id",
+            Some(Value::U64(vocab + 5)),
+            "tokenizer.ggml.bos_token_id",
+        ),
+    ];
+    for (key, value, named) in &tokenizer_cases {
+        let g = edited(key, value);
+        let err = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap_err();
+        assert_eq!(refused_key(&err), Some(*named), "{key} = {value:?}: {err}");
+    }
+    // The unedited file loads through all of them.
+    llama::LlamaConfig::from_gguf(&base).unwrap();
+    xfmr_llm::GgufTokenizer::from_gguf(&base).unwrap();
+}
