@@ -9,8 +9,8 @@
 //! burn's kernel fusion, whose cached decoding is wrong: tracel-ai/burn#5257). Cached
 //! generation equals full recomputation to 1e-3 on the logits.
 //!
-//! The model is not in the repository: these tests are `#[ignore]`d with the command that
-//! enables them; run with `--ignored` they fail, naming the fetch command, when it is absent.
+//! The model is not in the repository: these tests (all but the size-and-hash check of fetched
+//! files, which needs no model) are `#[ignore]`d with the command that enables them; run with `--ignored` they fail, naming the fetch command, when it is absent.
 //! `.ci/run` fetches it and runs them.
 
 use burn::backend::{Flex, NdArray};
@@ -261,5 +261,42 @@ fn long_prompts_work_on_every_backend() {
         let what = format!("{what}: last-position logits of an 800-token prompt");
         assert_close_slices(&logits, &shape, &reference, &shape, atol, 0.0, &what);
         assert_eq!(got, tokens, "{what}: greedy tokens");
+    }
+}
+
+/// The check every fetched model file passes (`fetch::verify`), on a file written here: the
+/// right size and SHA-256 pass (FIPS 180-2's "abc" vector); another size, another hash and a
+/// missing file are refused naming the file and both values. Needs no model.
+#[test]
+fn fetched_files_are_checked_by_size_and_sha256() {
+    use xfmr_io::fetch::FetchError;
+    const ABC: &str = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let dir = std::env::temp_dir().join(format!("xfmr-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    std::fs::write(&path, b"abc").unwrap();
+    fetch::verify(&path, 3, ABC).unwrap();
+    let name = path.display().to_string();
+    match fetch::verify(&path, 4, ABC) {
+        Err(FetchError::Fetch(m)) => assert!(
+            m.contains(&name) && m.contains("3 bytes, expected 4"),
+            "{m}"
+        ),
+        other => panic!("another size accepted or misreported: {other:?}"),
+    }
+    let wrong = format!("{}0", &ABC[..63]);
+    match fetch::verify(&path, 3, &wrong) {
+        Err(FetchError::Fetch(m)) => {
+            assert!(
+                m.contains(&name) && m.contains(&format!("SHA-256 {ABC}, expected {wrong}")),
+                "{m}"
+            )
+        }
+        other => panic!("another hash accepted or misreported: {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    match fetch::verify(&path, 3, ABC) {
+        Err(FetchError::Io(e)) => assert_eq!(e.path, path),
+        other => panic!("a missing file accepted or misreported: {other:?}"),
     }
 }
