@@ -280,3 +280,56 @@ fn exact_gelu_on_flex_takes_the_kernel() {
         "the kernel and burn's gelu agree bit for bit: no proof of the path"
     );
 }
+
+/// Damaged safetensors bytes are `BlockError::Read`, never a panic: the file cut at every
+/// length, its header's length field lying (past the end, `u64::MAX`), every header byte
+/// inverted (an error or a dictionary, not a panic); through `from_file` the error names the
+/// file.
+#[test]
+fn corrupt_safetensors_bytes_are_read_errors() {
+    use safetensors::tensor::{serialize, TensorView};
+    use safetensors::Dtype;
+    let values: Vec<u8> = [1.0f32, -2.0, 3.5, 0.25]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let bytes = serialize(
+        vec![
+            (
+                "w",
+                TensorView::new(Dtype::F32, vec![2, 2], &values).unwrap(),
+            ),
+            ("b", TensorView::new(Dtype::F32, vec![4], &values).unwrap()),
+        ],
+        None,
+    )
+    .unwrap();
+    assert!(StateDict::from_bytes(&bytes).is_ok());
+    let read_error = |bytes: &[u8], case: &str| match StateDict::from_bytes(bytes) {
+        Err(BlockError::Read(_)) => {}
+        other => panic!("{case}: expected a read error, got {other:?}"),
+    };
+    for len in 0..bytes.len() {
+        read_error(&bytes[..len], &format!("cut at {len} of {}", bytes.len()));
+    }
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    for lie in [bytes.len() as u64, u64::MAX, (header_len + 1) as u64] {
+        let mut b = bytes.clone();
+        b[..8].copy_from_slice(&lie.to_le_bytes());
+        read_error(&b, &format!("header length {lie}"));
+    }
+    for i in 8..8 + header_len {
+        let mut b = bytes.clone();
+        b[i] ^= 0xff;
+        let _ = StateDict::from_bytes(&b); // an error or a dictionary; a panic fails the test
+    }
+    let path =
+        std::env::temp_dir().join(format!("xfmr-corrupt-{}.safetensors", std::process::id()));
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let err = StateDict::from_file(&path).unwrap_err();
+    std::fs::remove_file(&path).unwrap();
+    match err {
+        BlockError::Read(m) => assert!(m.contains(&path.display().to_string()), "{m}"),
+        other => panic!("expected a read error naming the file, got {other:?}"),
+    }
+}
