@@ -79,17 +79,12 @@ pub(super) fn attention(
             .all(|ok| ok),
         "attention: sequences' rows out of order"
     );
-    // The sequence of each row.
-    let of_row: Vec<usize> = seqs
-        .iter()
-        .enumerate()
-        .flat_map(|(j, seq)| std::iter::repeat_n(j, seq.n))
-        .collect();
     out.par_chunks_mut(group * d_k).enumerate().for_each_init(
         Vec::new,
         |scores: &mut Vec<f32>, (chunk, o)| {
             let (r, g) = (chunk / c.n_kv_heads, chunk % c.n_kv_heads);
-            let seq = &seqs[of_row[r]];
+            // The sequence whose rows hold row `r` (starts ascend, as asserted above).
+            let seq = &seqs[seqs.partition_point(|seq| seq.start <= r) - 1];
             let seen = seq.past + (r - seq.start) + 1;
             let q = &qkv[r * width + g * group * d_k..r * width + (g + 1) * group * d_k];
             let head = cached(c, seq.keys, seq.values, g, seen);
