@@ -70,11 +70,15 @@ def run_measured(cmd, env=None):
         return os.waitstatus_to_exitcode(status), stdout, stderr, usage.ru_maxrss / 1024
 
 
+class CommandFailed(Exception):
+    """An xfmr command that exited non-zero (its backend is then left out of the table)."""
+
+
 def checked(cmd, env=None):
     """`run_measured` for a command that must succeed: (stdout, stderr, peak RSS in MiB)."""
     code, stdout, stderr, rss = run_measured(cmd, env)
     if code != 0:
-        sys.exit(f"{' '.join(cmd)} failed ({code}):\n{stderr}")
+        raise CommandFailed(f"{' '.join(cmd)} failed ({code}):\n{stderr[-4000:]}")
     return stdout, stderr, rss
 
 
@@ -422,6 +426,9 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3,
                    help="W1-W4: alternating rounds of every implementation; the median counts")
+    p.add_argument("--prebuilt", action="store_true",
+                   help="use the binaries already in $CARGO_TARGET_DIR/release instead of "
+                        "building them (a GPU machine without cargo: build here, carry them)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -436,12 +443,18 @@ def main():
     # `flex`: the facade's flex backend as users get it (AVX-512 gemm kernels, xfmr's attention
     # kernel); on a GPU machine also wgpu and CUDA.
     gpu_features = ["wgpu", "cuda"] if gpu else []
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "--features",
-                    ",".join(["flex", *gpu_features]), "--example", "workloads"], cwd=ROOT,
-                   check=True)
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli",
-                    *(["--features", ",".join(gpu_features)] if gpu else [])], cwd=ROOT,
-                   check=True)
+    if args.prebuilt:
+        for path in (EXAMPLE, XFMR):
+            if not os.access(path, os.X_OK):
+                sys.exit(f"--prebuilt: {path} is missing; build it with the features "
+                         f"{['flex', *gpu_features]} first")
+    else:
+        # One build of both binaries, so that burn is compiled once with the union of features.
+        features = ["xfmr/flex", *(f"xfmr/{f}" for f in gpu_features),
+                    *(f"xfmr-cli/{f}" for f in gpu_features)]
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr", "-p", "xfmr-cli",
+                        "--features", ",".join(features), "--example", "workloads",
+                        "--bin", "xfmr"], cwd=ROOT, check=True)
     rows = []
     with tempfile.TemporaryDirectory() as out:
         for w in args.workloads:
@@ -450,14 +463,27 @@ def main():
                 # Rounds alternate the implementations, so that a slow spell of this shared
                 # machine hits every side alike; each row is the round with the median time.
                 rounds = []
+                backends = list(args.backends)
                 for _ in range(args.rounds):
                     this = []
-                    for backend in args.backends:
-                        if w == "w3":
-                            this.append(xfmr_w3(backend, args.iters, args.skip, args.threads,
-                                                out))
-                        else:
-                            this.append(xfmr_example(w, backend, args.iters, args.threads))
+                    for backend in list(backends):
+                        try:
+                            if w == "w3":
+                                this.append(xfmr_w3(backend, args.iters, args.skip,
+                                                    args.threads, out))
+                            else:
+                                this.append(xfmr_example(w, backend, args.iters,
+                                                         args.threads))
+                        except CommandFailed as e:
+                            # One backend that fails (a GPU driver missing, say) is reported
+                            # and left out; the others are still measured.
+                            print(f"{w} {backend}: left out: {e}", file=sys.stderr)
+                            backends.remove(backend)
+                            if rounds:
+                                rounds = [[r for r in rr if r["backend"] != backend]
+                                          for rr in rounds]
+                    if not this:
+                        break
                     # W3: the same BPE vocabulary as xfmr's runs (they learn the same one).
                     extra = ("--tokenizer", this[-1]["tokenizer"]) if w == "w3" else ()
                     peer = torch_worker(w, args, *extra)
