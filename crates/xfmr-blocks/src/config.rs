@@ -91,7 +91,13 @@ impl LayerConfig {
             .init(device)
     }
 
-    pub(crate) fn residual_dropout(&self) -> Result<Dropout, BlockError> {
+    /// The residual dropout of [`dropout`](Self::dropout), which the models also apply to
+    /// their embeddings.
+    ///
+    /// # Errors
+    /// [`BlockError::InvalidDropout`] for a probability outside [0, 1) (burn's own
+    /// constructor panics on one: a configuration read from a file must not).
+    pub fn residual_dropout(&self) -> Result<Dropout, BlockError> {
         check_dropout(self.dropout)?;
         Ok(DropoutConfig::new(self.dropout).init())
     }

@@ -29,6 +29,8 @@
 #[cfg(feature = "fetch")]
 pub mod fetch;
 mod manifest;
+#[cfg(feature = "tokenizer_json")]
+pub mod tokenizer_json;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -58,6 +60,16 @@ impl IoError {
             message: message.to_string(),
         }
     }
+}
+
+/// The message of a caught panic (`std::panic::catch_unwind`'s payload), for loaders that turn
+/// a third-party library's panic on bad bytes into an error.
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so

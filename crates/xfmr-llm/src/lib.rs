@@ -182,6 +182,19 @@ impl<B: Backend> LanguageModel<B> {
         format: WeightFormat,
     ) -> Result<Self, LlmError> {
         let tokenizer = GgufTokenizer::from_gguf(gguf)?;
+        // Every id the tokenizer gives must have an embedding row, and every row the model
+        // can choose must decode: the two counts agree before any weight is read.
+        let rows = LlamaConfig::from_gguf(gguf)?.vocab_size;
+        if tokenizer.n_tokens != rows {
+            return Err(GgufError::metadata(
+                "tokenizer.ggml.tokens",
+                format!(
+                    "{} tokens, but token_embd.weight has {rows} rows",
+                    tokenizer.n_tokens
+                ),
+            )
+            .into());
+        }
         let (config, model) = match format {
             WeightFormat::F32 => {
                 let (config, model) = llama::load_llama(gguf, tokenizer.pad_id, device)?;

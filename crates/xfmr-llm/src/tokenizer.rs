@@ -55,6 +55,9 @@ impl Message {
     }
 }
 
+/// The most instructions one rendering of a chat template may run (minijinja's fuel).
+pub const CHAT_TEMPLATE_FUEL: u64 = 10_000_000;
+
 /// A GGUF file's tokenizer, special ids and chat template.
 #[derive(Clone)]
 pub struct GgufTokenizer {
@@ -70,6 +73,10 @@ pub struct GgufTokenizer {
     pub add_bos: bool,
     /// `tokenizer.chat_template`, a Jinja template.
     pub chat_template: Option<String>,
+    /// The number of tokens in the file (`tokenizer.ggml.tokens`): every id is below it. It
+    /// can exceed the tokenizer's own vocabulary size when the file spells two ids alike (the
+    /// later one is the one text encodes to, as in llama.cpp).
+    pub n_tokens: usize,
 }
 
 impl std::fmt::Debug for GgufTokenizer {
@@ -192,6 +199,7 @@ impl GgufTokenizer {
             )
         })?;
         Ok(Self {
+            n_tokens: tokens.len(),
             tokenizer,
             bos_id: id("tokenizer.ggml.bos_token_id")?,
             eos_id,
@@ -240,6 +248,7 @@ impl GgufTokenizer {
     pub fn stream(&self) -> TextStream<'_> {
         TextStream {
             inner: self.tokenizer.decode_stream(true),
+            vocab: self.n_tokens,
         }
     }
 
@@ -248,7 +257,8 @@ impl GgufTokenizer {
     /// message when the conversation has none).
     ///
     /// # Errors
-    /// [`LlmError::Template`] when the file has no template or it does not render.
+    /// [`LlmError::Template`] when the file has no template, it does not render, or it runs
+    /// more than [`CHAT_TEMPLATE_FUEL`] instructions.
     pub fn render_chat(
         &self,
         messages: &[Message],
@@ -259,6 +269,11 @@ impl GgufTokenizer {
             .as_deref()
             .ok_or_else(|| LlmError::Template("the file has no tokenizer.chat_template".into()))?;
         let mut env = Environment::new();
+        // The template is a program from the file: its loops are bounded by fuel, so that a
+        // template that never ends (or takes minutes) is an error, not a request that never
+        // answers. Ten million instructions: SmolLM2's template renders a conversation in
+        // about thirty per message.
+        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         // As `transformers` renders chat templates.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -301,6 +316,8 @@ pub struct TextStream<'a> {
         PostProcessorWrapper,
         DecoderWrapper,
     >,
+    /// Ids below this are the file's ([`GgufTokenizer::n_tokens`]).
+    vocab: usize,
 }
 
 impl TextStream<'_> {
@@ -309,6 +326,14 @@ impl TextStream<'_> {
     /// # Errors
     /// [`LlmError::Tokenizer`] for an id outside the vocabulary.
     pub fn push(&mut self, id: u32) -> Result<String, LlmError> {
+        // The tokenizers library's stream decodes an id past the vocabulary as nothing (found
+        // by fuzzing, `fuzz/src/targets/gguf_tokenizer.rs`).
+        if id as usize >= self.vocab {
+            return Err(LlmError::Tokenizer(format!(
+                "token id {id} is outside the vocabulary of {}",
+                self.vocab
+            )));
+        }
         self.inner
             .step(id)
             .map(Option::unwrap_or_default)

@@ -10,10 +10,11 @@
 //! add their files with [`save_with`]; the manifest lists them and [`load`] checks them too.
 
 use std::fs;
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 
 use burn::module::{Module, ModuleVisitor, Param};
-use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
+use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Record, Recorder};
 use burn::tensor::{backend::Backend, Bool, Int, Tensor};
 use serde::{de::DeserializeOwned, Serialize};
 use serde_json::Value;
@@ -226,10 +227,31 @@ fn load_weights<B: Backend, C: ModelConfig>(
 ) -> Result<C::Model<B>, ModelError> {
     let path = dir.join(WEIGHTS_FILE);
     let bytes = fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
-    let record = NamedMpkBytesRecorder::<FullPrecisionSettings>::default()
-        .load(bytes, device)
+    let record = decode_record(bytes, device)
         .map_err(|e| ModelError::checkpoint(&path, format!("not a model record: {e}")))?;
     Ok(config.init_model::<B>(device)?.load_record(record))
+}
+
+/// Decodes a record written as [`save`] writes them (burn's named MessagePack, full precision),
+/// as `Recorder::load` does, but a record whose tensor data contradicts itself (a shape that
+/// does not match its bytes, which burn's backends assert on) is an error, not a panic: the
+/// bytes are a file's. (Found by fuzzing, `fuzz/src/targets/checkpoint.rs`; burn's panic
+/// message still reaches the panic hook, so it is printed on stderr.)
+///
+/// # Errors
+/// Why the bytes are not a record of type `R`.
+pub fn decode_record<B: Backend, R: Record<B>>(
+    bytes: Vec<u8>,
+    device: &B::Device,
+) -> Result<R, String> {
+    let recorder = NamedMpkBytesRecorder::<FullPrecisionSettings>::default();
+    match std::panic::catch_unwind(AssertUnwindSafe(|| recorder.load::<R>(bytes, device))) {
+        Ok(decoded) => decoded.map_err(|e| e.to_string()),
+        Err(panic) => Err(format!(
+            "tensor data that contradicts itself ({})",
+            xfmr_io::panic_message(&*panic)
+        )),
+    }
 }
 
 /// The first differing field of two JSON values, as (dotted path, expected, found).

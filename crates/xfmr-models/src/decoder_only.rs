@@ -2,7 +2,7 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::nn::{Dropout, Linear, LinearConfig};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{backend::Backend, Bool, Int, Tensor, TensorData};
 use xfmr_attention::AttnMask;
@@ -87,7 +87,7 @@ impl DecoderOnlyConfig {
             positions: layer
                 .positions
                 .init_input(self.max_len, layer.d_model, device)?,
-            dropout: DropoutConfig::new(layer.dropout).init(),
+            dropout: layer.residual_dropout()?,
             stack: StackConfig::new(layer.clone(), self.n_layers)
                 .with_final_norm(layer.norm_position == NormPosition::Pre)
                 .init_causal(device)?,

@@ -2,7 +2,7 @@
 
 use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
-use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::nn::{Dropout, Linear, LinearConfig};
 use burn::tensor::activation::tanh;
 use burn::tensor::{backend::Backend, Int, Tensor};
 use serde::{Deserialize, Serialize};
@@ -133,7 +133,7 @@ impl EncoderOnlyConfig {
                 })
                 .transpose()?,
             embedding_norm: self.embedding_norm.then(|| norm.init(device)).transpose()?,
-            dropout: DropoutConfig::new(layer.dropout).init(),
+            dropout: layer.residual_dropout()?,
             encoder: StackConfig::new(layer.clone(), self.n_layers)
                 .with_final_norm(pre)
                 .init_encoder(device)?,

@@ -2,7 +2,7 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
+use burn::nn::{Dropout, Linear, LinearConfig};
 use burn::tensor::{backend::Backend, Int, Tensor};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
@@ -109,7 +109,7 @@ impl TransformerConfig {
             output: (!self.tie_output)
                 .then(|| LinearConfig::new(d_model, self.tgt_vocab_size).init(device)),
             positions: layer.positions.init_input(self.max_len, d_model, device)?,
-            dropout: DropoutConfig::new(layer.dropout).init(),
+            dropout: layer.residual_dropout()?,
             encoder: StackConfig::new(layer.clone(), self.n_encoder_layers)
                 .with_final_norm(pre)
                 .init_encoder(device)?,

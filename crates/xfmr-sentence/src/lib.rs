@@ -199,7 +199,8 @@ impl<B: Backend> SentenceEncoder<B> {
             }
         };
         let path = dir.join("tokenizer.json");
-        let mut tokenizer = Tokenizer::from_file(&path).map_err(|e| SentenceError::io(&path, e))?;
+        let mut tokenizer = xfmr_io::tokenizer_json::load(&path)
+            .map_err(|e| SentenceError::io(&path, e.message))?;
         // tokenizer.json pads every input to 128 and truncates at 128: switch padding off (we
         // pad per batch) and truncate where sentence-transformers does.
         tokenizer.with_padding(None);

@@ -117,11 +117,33 @@ pub fn parse_tsv(bytes: &[u8], path: &Path) -> Result<Vec<Pair>, DataError> {
     Ok(pairs)
 }
 
-/// Writes pairs as TSV (atomically: a temporary file, then a rename).
+/// Writes pairs as TSV (atomically: a temporary file, then a rename). [`read_tsv`] reads the
+/// file back as exactly these pairs: a pair it would read otherwise (a side that is empty,
+/// holds a tab or a line break, or begins or ends with white space, which the reader trims) is
+/// refused before anything is written.
 ///
 /// # Errors
+/// [`DataError::Malformed`] naming the line the pair would have been written on and the side;
 /// [`DataError::Io`] naming the file.
 pub fn write_tsv(path: &Path, pairs: &[Pair]) -> Result<(), DataError> {
+    for (i, p) in pairs.iter().enumerate() {
+        for (side, text) in [("source", &p.src), ("target", &p.tgt)] {
+            let problem = if text.is_empty() {
+                "is empty"
+            } else if text.contains(['\t', '\n']) {
+                "holds a tab or a line break"
+            } else if text.trim() != text {
+                "begins or ends with white space"
+            } else {
+                continue;
+            };
+            return Err(DataError::Malformed {
+                path: path.to_owned(),
+                line: i + 1,
+                problem: format!("the {side} {problem}: TSV cannot hold it as it is"),
+            });
+        }
+    }
     let mut text = String::new();
     for p in pairs {
         text.push_str(&p.src);

@@ -119,19 +119,32 @@ impl SubwordTokenizer {
         Self::checked(tokenizer.into(), None)
     }
 
-    /// Checks the special tokens sit at ids 0–3.
+    /// Checks the special tokens sit at ids 0–3, and that the ids are `0..vocab_size` (a file
+    /// that gives two tokens one id, or skips ids, would encode to ids past the model's
+    /// embedding table: found by fuzzing, `fuzz/src/targets/tokenizer_json.rs`).
     fn checked(inner: Tokenizer, path: Option<&Path>) -> Result<Self, TokenizerError> {
+        let refuse = |problem: String| match path {
+            Some(p) => TokenizerError::File {
+                path: p.to_owned(),
+                problem,
+            },
+            None => TokenizerError::Tokenizers(problem),
+        };
         for (id, token) in [PAD, BOS, EOS, UNK].iter().enumerate() {
             if inner.token_to_id(token) != Some(id as u32) {
-                let problem = format!("special token {token} is not id {id}");
-                return Err(match path {
-                    Some(p) => TokenizerError::File {
-                        path: p.to_owned(),
-                        problem,
-                    },
-                    None => TokenizerError::Tokenizers(problem),
-                });
+                return Err(refuse(format!("special token {token} is not id {id}")));
             }
+        }
+        let size = inner.get_vocab_size(true);
+        if let Some((token, id)) = inner
+            .get_vocab(true)
+            .into_iter()
+            .find(|&(_, id)| id as usize >= size)
+        {
+            return Err(refuse(format!(
+                "token {token:?} has id {id}, but the vocabulary has {size} tokens: its ids are \
+                 not 0..{size}"
+            )));
         }
         Ok(Self { inner })
     }
@@ -142,9 +155,9 @@ impl SubwordTokenizer {
     /// [`TokenizerError::File`] naming the file (missing, unreadable, not a tokenizer, special
     /// tokens elsewhere than ids 0–3).
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
-        let inner = Tokenizer::from_file(path).map_err(|e| TokenizerError::File {
+        let inner = xfmr_io::tokenizer_json::load(path).map_err(|e| TokenizerError::File {
             path: path.to_owned(),
-            problem: e.to_string(),
+            problem: e.message,
         })?;
         Self::checked(inner, Some(path))
     }
