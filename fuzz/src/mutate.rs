@@ -5,34 +5,8 @@
 //! length, deletions, duplications, insertions and splices of two inputs. Deterministic for a
 //! seed, so a failure found in CI is found again by the same command.
 
-/// SplitMix64: a small, fast, seeded generator.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number below `n` (0 when `n` is 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next_u64() % n as u64) as usize
-        }
-    }
-}
+/// The seeded generator the tests use (SplitMix64): the same input for the same seed.
+pub use xfmr_testing::TestRng as Rng;
 
 /// Integers that sit on the boundaries parsers get wrong, as 8 little-endian bytes.
 const INTERESTING: [u64; 12] = [
