@@ -24,7 +24,10 @@
 //!
 //! On the `flex` backend (with this crate's `flex` feature) a fourth path, xfmr's own host kernel
 //! ([`AttentionKernel::Flex`], in the internal `xfmr-kernels` crate), computes the whole of it per block of query rows without
-//! materialising the scores, reading the head-split views in place.
+//! materialising the scores, reading the head-split views in place. Under burn's autodiff on
+//! flex (`Autodiff<Flex>`, training on the CPU) the same kernel runs as one operation of the
+//! graph with a backward kernel of its own (`xfmr_kernels::attention_autodiff`: FlashAttention-2's
+//! backward from each row's saved log-sum-exp), where no additive bias is given.
 //!
 //! [`scaled_dot_product_attention`] uses the reference path when it must and otherwise the
 //! [`AttentionKernel`] chosen in the options ([`AttentionKernel::Auto`] by default). All paths give
@@ -52,7 +55,8 @@ use crate::{AttentionError, AttnMask};
 /// dropout is inactive.
 #[derive(burn::config::Config, Debug, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
-    /// [`Flex`](Self::Flex) where it runs (the `flex` backend, f32, not under autodiff); elsewhere
+    /// [`Flex`](Self::Flex) where it runs (the `flex` backend, f32, and `Autodiff<Flex>` without
+    /// a bias); elsewhere
     /// [`Decomposed`](Self::Decomposed) while one head's score matrix has at most
     /// [`AttentionKernel::AUTO_FUSED_ABOVE`] elements, [`Fused`](Self::Fused) above, where not
     /// materialising the scores matters more than speed at small sizes.
@@ -65,8 +69,9 @@ pub enum AttentionKernel {
     /// (batch, block of query rows), head after head, the scores block, a one-pass masked
     /// softmax with a vectorised `exp`, and the product with `V`, on flex's thread pool; the
     /// scores are never materialised whole and the strided head views are read in place. Runs
-    /// on the `flex` backend in f32 outside autodiff, with the `flex` feature of this crate (the
-    /// facade's `flex` turns it on); elsewhere it resolves as [`Auto`](Self::Auto) does.
+    /// on the `flex` backend in f32, with the `flex` feature of this crate (the facade's `flex`
+    /// turns it on), and under `Autodiff<Flex>` (no bias) as one differentiable operation with
+    /// its own backward kernel; elsewhere it resolves as [`Auto`](Self::Auto) does.
     Flex,
 }
 
@@ -225,6 +230,23 @@ pub fn scaled_dot_product_attention<B: Backend>(
         let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
         let mask = options.mask.map(AttnMask::into_tensor);
         let context = xfmr_kernels::attention(query, key, value, mask, options.bias, scale);
+        return Ok(AttentionOutput {
+            context,
+            weights: None,
+        });
+    }
+    #[cfg(feature = "flex")]
+    if matches!(
+        options.kernel,
+        AttentionKernel::Auto | AttentionKernel::Flex
+    ) && options.bias.is_none()
+        && xfmr_kernels::runs_on_autodiff::<B>(query.dtype())
+    {
+        // Training on flex: the kernel as one operation of the autodiff graph, with its own
+        // backward (no dropout on the weights here: that took the reference path above).
+        let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
+        let mask = options.mask.map(AttnMask::into_tensor);
+        let context = xfmr_kernels::attention_autodiff(query, key, value, mask, scale);
         return Ok(AttentionOutput {
             context,
             weights: None,

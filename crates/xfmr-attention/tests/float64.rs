@@ -88,3 +88,103 @@ fn gradients_match_finite_differences() {
         }
     }
 }
+
+/// xfmr's flex kernel under `Autodiff<Flex>` (f32, its own backward pass,
+/// `xfmr_kernels::attention_autodiff`): its gradients of `sum(Attention(Q, K, V) ⊙ R)` equal
+/// central finite differences of the same function computed in f64 (the reference path on
+/// `NdArray<f64>`, step 1e-6), within f32 rounding (1e-5 absolute + 1e-4 relative). Grouped
+/// key/value heads (4 query heads on 2), inputs as strided head views of `[batch, seq, heads,
+/// d]` leaves, key padding and a fully masked query row.
+#[cfg(feature = "flex")]
+#[test]
+fn flex_autodiff_kernel_gradients_match_finite_differences() {
+    use burn::backend::Flex;
+    use burn::tensor::{Bool, TensorData};
+    type Ad = Autodiff<Flex>;
+    type F64 = NdArray<f64>;
+    assert!(xfmr_kernels::runs_on_autodiff::<Ad>(
+        burn::tensor::DType::F32
+    ));
+    let (batch, heads, heads_kv, seq_q, seq_k, d) = (2, 4, 2, 3, 5, 4);
+    let shapes = [
+        [batch, seq_q, heads, d],
+        [batch, seq_k, heads_kv, d],
+        [batch, seq_k, heads_kv, d],
+    ];
+    let mut rng = TestRng::new(31);
+    // Values representable in f32, so both sides start from the same numbers.
+    let mut values = |n: usize| -> Vec<f64> {
+        (0..n)
+            .map(|_| rng.uniform(-1.0, 1.0) as f32 as f64)
+            .collect()
+    };
+    let inputs: Vec<Vec<f64>> = shapes.iter().map(|s| values(s.iter().product())).collect();
+    let upstream = values(batch * heads * seq_q * d);
+    // Sequence 0 ignores its last key; query row 1 of sequence 1 ignores every key.
+    let mut ignored = vec![false; batch * seq_q * seq_k];
+    for q in 0..seq_q {
+        ignored[q * seq_k + seq_k - 1] = true;
+    }
+    ignored[(seq_q + 1) * seq_k..(seq_q + 2) * seq_k].fill(true);
+    fn mask<B: Backend>(ignored: &[bool], dims: [usize; 4]) -> AttnMask<B> {
+        let data = TensorData::new(ignored.to_vec(), dims);
+        AttnMask::from_tensor(Tensor::<B, 4, Bool>::from_data(data, &Default::default()))
+    }
+    let mask_dims = [batch, 1, seq_q, seq_k];
+    let r_dims = [batch, heads, seq_q, d];
+
+    // The kernel's gradients, f32.
+    let device = Default::default();
+    let leaves: Vec<Tensor<Ad, 4>> = inputs
+        .iter()
+        .zip(&shapes)
+        .map(|(v, s)| float_tensor::<Ad, 4>(v.clone(), s.to_vec(), &device).require_grad())
+        .collect();
+    let view = |t: &Tensor<Ad, 4>| t.clone().swap_dims(1, 2);
+    let options = AttentionOptions::default().with_mask(mask::<Ad>(&ignored, mask_dims));
+    let context = scaled_dot_product_attention(
+        view(&leaves[0]),
+        view(&leaves[1]),
+        view(&leaves[2]),
+        options,
+    )
+    .unwrap()
+    .context;
+    let r = float_tensor::<Ad, 4>(upstream.clone(), r_dims.to_vec(), &device);
+    let grads = (context * r).sum().backward();
+
+    // The same function in f64.
+    let loss = |args: &[Vec<f64>]| -> f64 {
+        let t = |i: usize| {
+            float_tensor::<F64, 4>(args[i].clone(), shapes[i].to_vec(), &Default::default())
+                .swap_dims(1, 2)
+        };
+        let options = AttentionOptions::default()
+            .with_mask(mask::<F64>(&ignored, mask_dims))
+            .with_weights(true); // the reference path
+        let ctx = scaled_dot_product_attention(t(0), t(1), t(2), options)
+            .unwrap()
+            .context;
+        let r = float_tensor::<F64, 4>(upstream.clone(), r_dims.to_vec(), &Default::default());
+        (ctx * r).sum().into_scalar()
+    };
+    let eps = 1e-6;
+    for (which, leaf) in leaves.iter().enumerate() {
+        let grad = to_vec(&leaf.grad(&grads).expect("a gradient"));
+        for i in 0..inputs[which].len() {
+            let perturbed = |delta: f64| {
+                let mut args = inputs.clone();
+                args[which][i] += delta;
+                loss(&args)
+            };
+            let numeric = (perturbed(eps) - perturbed(-eps)) / (2.0 * eps);
+            let tol = 1e-5 + 1e-4 * numeric.abs();
+            assert!(
+                (grad[i] - numeric).abs() <= tol,
+                "d loss / d {}[{i}]: flex kernel {} vs finite difference {numeric}",
+                ["Q", "K", "V"][which],
+                grad[i]
+            );
+        }
+    }
+}

@@ -193,8 +193,8 @@ pub(crate) fn sublayer<B: Backend>(
     f: impl FnOnce(Tensor<B, 3>) -> Tensor<B, 3>,
 ) -> Tensor<B, 3> {
     match position {
-        NormPosition::Post => norm.forward(x.clone() + dropout.forward(f(x))),
-        NormPosition::Pre => x.clone() + dropout.forward(f(norm.forward(x))),
+        NormPosition::Post => norm.forward(x.clone() + crate::dropout(dropout, f(x))),
+        NormPosition::Pre => x.clone() + crate::dropout(dropout, f(norm.forward(x))),
     }
 }
 

@@ -118,7 +118,7 @@ impl<B: Backend> FeedForward<B> {
                 unreachable!("FeedForwardConfig::init gives SwiGLU a gate")
             }
         };
-        let out = self.linear2.forward(self.dropout.forward(hidden));
+        let out = self.linear2.forward(crate::dropout(&self.dropout, hidden));
         let d_out = out.dims()[1];
         out.reshape([batch, seq, d_out])
     }

@@ -24,6 +24,8 @@
 //! - [`Positions`] (sinusoidal or learned vectors added to embeddings) and
 //!   [`AttentionPositions`] (RoPE, ALiBi inside self-attention), both from one
 //!   [`PositionEncoding`].
+//! - [`dropout()`]: burn's dropout, with a faster mask when training on flex; every block and
+//!   model applies dropout through it.
 //! - [`StateDict`] and `load_torch` on the stacks: PyTorch `nn.Transformer` weights by name.
 //!
 //! Departures from the paper, all opt-in: pre-norm, RMSNorm, GELU/SwiGLU, grouped key/value
@@ -68,6 +70,7 @@ mod cache;
 mod causal;
 mod config;
 mod decoder;
+mod dropout;
 mod embedding;
 mod encoder;
 mod error;
@@ -80,6 +83,7 @@ pub use cache::{CausalCache, CrossAttentionCache, DecoderCache};
 pub use causal::CausalDecoder;
 pub use config::{LayerConfig, StackConfig};
 pub use decoder::{Decoder, DecoderInput, DecoderLayer, DecoderOutput, DecoderStepInput};
+pub use dropout::dropout;
 pub use embedding::{TokenEmbedding, TokenEmbeddingConfig};
 pub use encoder::{Encoder, SelfAttentionInput, SelfAttentionLayer};
 pub use error::{BlockError, ImportReport};

@@ -27,10 +27,16 @@ use crate::exp::{exp_shifted, LANES};
 use crate::same;
 
 /// Most floats of one task's score block (256 KiB: it stays in L2 between the two products).
-const SCRATCH_FLOATS: usize = 64 * 1024;
+pub(crate) const SCRATCH_FLOATS: usize = 64 * 1024;
 
 fn to_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
-    let t = same::<B::FloatTensorPrimitive, FlexTensor>(t.into_primitive().tensor());
+    readable(same::<B::FloatTensorPrimitive, FlexTensor>(
+        t.into_primitive().tensor(),
+    ))
+}
+
+/// `t` itself when its strides are non-negative (what [`View`] reads), else a contiguous copy.
+pub(crate) fn readable(t: FlexTensor) -> FlexTensor {
     if t.layout().has_positive_strides() {
         t
     } else {
@@ -40,15 +46,15 @@ fn to_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
 
 /// A strided 4-D view into an f32 buffer: element `[i, j, k, l]` is at
 /// `offset + i·s₀ + j·s₁ + k·s₂ + l·s₃`.
-struct View<'a> {
-    data: &'a [f32],
-    offset: usize,
-    dims: [usize; 4],
-    strides: [usize; 4],
+pub(crate) struct View<'a> {
+    pub(crate) data: &'a [f32],
+    pub(crate) offset: usize,
+    pub(crate) dims: [usize; 4],
+    pub(crate) strides: [usize; 4],
 }
 
 impl<'a> View<'a> {
-    fn of(t: &'a FlexTensor) -> Self {
+    pub(crate) fn of(t: &'a FlexTensor) -> Self {
         let layout = t.layout();
         let mut dims = [0; 4];
         let mut strides = [0; 4];
@@ -88,15 +94,15 @@ impl<'a> View<'a> {
     }
 
     /// Offset of `[i, j, 0, 0]`.
-    fn at(&self, i: usize, j: usize) -> usize {
+    pub(crate) fn at(&self, i: usize, j: usize) -> usize {
         self.offset + i * self.strides[0] + j * self.strides[1]
     }
 }
 
 /// A mask or bias read back to the host with broadcast strides (0 along its size-1 dimensions).
-struct Broadcast<T> {
-    data: Vec<T>,
-    strides: [usize; 4],
+pub(crate) struct Broadcast<T> {
+    pub(crate) data: Vec<T>,
+    pub(crate) strides: [usize; 4],
 }
 
 impl<T> Broadcast<T> {
@@ -111,12 +117,12 @@ impl<T> Broadcast<T> {
     }
 
     /// Offset of `[b, h, q, 0]`.
-    fn row(&self, b: usize, h: usize, q: usize) -> usize {
+    pub(crate) fn row(&self, b: usize, h: usize, q: usize) -> usize {
         b * self.strides[0] + h * self.strides[1] + q * self.strides[2]
     }
 }
 
-fn mask_on_host<B: Backend>(t: Tensor<B, 4, Bool>) -> Broadcast<bool> {
+pub(crate) fn mask_on_host<B: Backend>(t: Tensor<B, 4, Bool>) -> Broadcast<bool> {
     let dims = t.dims();
     let data = t.into_data();
     // Bool tensors read back as `Bool` or, when an op produced them in flex's byte storage, as
@@ -169,28 +175,51 @@ pub fn attention<B: Backend>(
     bias: Option<Tensor<B, 4>>,
     scale: f32,
 ) -> Tensor<B, 4> {
-    let [batch, heads, seq_q, d_k] = query.dims();
-    let [_, heads_kv, seq_k, _] = key.dims();
-    let [_, _, _, d_v] = value.dims();
     debug_assert!(
         crate::runs_on::<B>(query.dtype()),
         "xfmr_kernels::attention: not a flex f32 tensor"
     );
-    debug_assert!(
-        key.dims()[0] == batch
-            && key.dims()[3] == d_k
-            && heads_kv > 0
-            && heads % heads_kv == 0
-            && value.dims()[..3] == key.dims()[..3],
-        "xfmr_kernels::attention: query {:?}, key {:?}, value {:?} disagree",
-        query.dims(),
-        key.dims(),
-        value.dims()
-    );
     let mask = mask.map(mask_on_host);
     let bias = bias.map(bias_on_host);
     let (q, k, v) = (to_flex(query), to_flex(key), to_flex(value));
-    let (q, k, v) = (View::of(&q), View::of(&k), View::of(&v));
+    let (out, _) = forward(&q, &k, &v, mask.as_ref(), bias.as_ref(), scale, false);
+    Tensor::from_primitive(TensorPrimitive::Float(same::<
+        FlexTensor,
+        B::FloatTensorPrimitive,
+    >(out)))
+}
+
+/// The attention of [`attention`] on flex tensors `[batch, heads, seq_q, d_k]`, `[batch,
+/// heads_kv, seq_k, d_k]`, `[batch, heads_kv, seq_k, d_v]` (non-negative strides: see
+/// [`readable`]) and host masks: the context, stored `[batch, seq_q, heads, d_v]` and returned
+/// as its `[batch, heads, seq_q, d_v]` view, and, when `with_lse`, each row's log-sum-exp
+/// `ln Σ_k exp(s_qk)` (`-∞` for a row whose keys are all ignored), indexed
+/// `(b·seq_q + q)·heads + h` (what the backward pass of
+/// [`attention_autodiff`](crate::attention_autodiff) recomputes the weights from).
+pub(crate) fn forward(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    mask: Option<&Broadcast<bool>>,
+    bias: Option<&Broadcast<f32>>,
+    scale: f32,
+    with_lse: bool,
+) -> (FlexTensor, Option<Vec<f32>>) {
+    let (q, k, v) = (View::of(q), View::of(k), View::of(v));
+    let [batch, heads, seq_q, d_k] = q.dims;
+    let [_, heads_kv, seq_k, _] = k.dims;
+    let d_v = v.dims[3];
+    assert!(
+        k.dims[0] == batch
+            && k.dims[3] == d_k
+            && heads_kv > 0
+            && heads % heads_kv == 0
+            && v.dims[..3] == k.dims[..3],
+        "xfmr_kernels::attention: query {:?}, key {:?}, value {:?} disagree",
+        q.dims,
+        k.dims,
+        v.dims
+    );
     let shape = Shape {
         heads,
         group: heads / heads_kv,
@@ -209,30 +238,44 @@ pub fn attention<B: Backend>(
     }
     let row_len = heads * d_v;
     let mut out = vec![0.0f32; batch * seq_q * row_len];
+    // One entry per (row, head), in the output's row order.
+    let mut lse = vec![0.0f32; if with_lse { batch * seq_q * heads } else { 0 }];
     if !out.is_empty() {
-        out.par_chunks_mut(seq_q * row_len)
-            .enumerate()
-            .for_each(|(b, sequence)| {
-                sequence
-                    .par_chunks_mut(rows * row_len)
-                    .enumerate()
-                    .for_each(|(block, out_block)| {
-                        let task = Task {
-                            b,
-                            q0: block * rows,
-                            rows: out_block.len() / row_len,
-                        };
-                        task.run(&shape, &q, &k, &v, mask.as_ref(), bias.as_ref(), out_block);
-                    });
-            });
+        let run = |b: usize, block: usize, out_block: &mut [f32], lse_block: Option<&mut [f32]>| {
+            let task = Task {
+                b,
+                q0: block * rows,
+                rows: out_block.len() / row_len,
+            };
+            task.run(&shape, &q, &k, &v, mask, bias, out_block, lse_block);
+        };
+        if with_lse {
+            out.par_chunks_mut(seq_q * row_len)
+                .zip(lse.par_chunks_mut(seq_q * heads))
+                .enumerate()
+                .for_each(|(b, (sequence, lse))| {
+                    sequence
+                        .par_chunks_mut(rows * row_len)
+                        .zip(lse.par_chunks_mut(rows * heads))
+                        .enumerate()
+                        .for_each(|(block, (out_block, lse_block))| {
+                            run(b, block, out_block, Some(lse_block))
+                        });
+                });
+        } else {
+            out.par_chunks_mut(seq_q * row_len)
+                .enumerate()
+                .for_each(|(b, sequence)| {
+                    sequence
+                        .par_chunks_mut(rows * row_len)
+                        .enumerate()
+                        .for_each(|(block, out_block)| run(b, block, out_block, None));
+                });
+        }
     }
     let data = burn::tensor::TensorData::new(out, [batch, seq_q, heads, d_v]);
-    let flex = FlexTensor::from_data(data);
-    let out: Tensor<B, 4> = Tensor::from_primitive(TensorPrimitive::Float(same::<
-        FlexTensor,
-        B::FloatTensorPrimitive,
-    >(flex)));
-    out.swap_dims(1, 2)
+    let out = FlexTensor::from_data(data).transpose(1, 2);
+    (out, with_lse.then_some(lse))
 }
 
 /// What every task shares: the head counts, lengths, widths and the scale.
@@ -265,6 +308,7 @@ impl Task {
         mask: Option<&Broadcast<bool>>,
         bias: Option<&Broadcast<f32>>,
         out: &mut [f32],
+        mut lse: Option<&mut [f32]>,
     ) {
         let Shape {
             heads,
@@ -301,6 +345,7 @@ impl Task {
                     // Kᵀ: its row index runs over d_k, its column index over the keys.
                     (k.data.as_ptr().add(k_at), k.strides[3], k.strides[2]),
                     scale,
+                    false,
                 );
             }
 
@@ -323,12 +368,17 @@ impl Task {
                     }
                 }
                 let max = row_max(row);
-                inverse[r] = if max == f32::NEG_INFINITY {
+                let (inv, log_sum) = if max == f32::NEG_INFINITY {
                     row.fill(0.0); // every key ignored: a zero row
-                    0.0
+                    (0.0, f32::NEG_INFINITY)
                 } else {
-                    1.0 / exp_shifted(row, max).max(f32::MIN_POSITIVE)
+                    let sum = exp_shifted(row, max).max(f32::MIN_POSITIVE);
+                    (1.0 / sum, max + sum.ln())
                 };
+                inverse[r] = inv;
+                if let Some(lse) = lse.as_deref_mut() {
+                    lse[r * heads + h] = log_sum;
+                }
             }
 
             let v_at = v.at(self.b, h_kv);
@@ -343,6 +393,7 @@ impl Task {
                     (scores.as_ptr(), seq_k, 1),
                     (v.data.as_ptr().add(v_at), v.strides[2], v.strides[3]),
                     1.0,
+                    false,
                 );
             }
             for (r, inv) in inverse.iter().enumerate() {
@@ -353,20 +404,22 @@ impl Task {
     }
 }
 
-/// `dst ← scale · lhs · rhs` for `[m, n, k]`, on the calling thread: `dst` is `m × n` with
-/// column stride 1 and row stride `dst.1`; `lhs` (`m × k`) and `rhs` (`k × n`) are
-/// `(pointer, row stride, column stride)`. `dst` is written, never read.
+/// `dst ← scale · lhs · rhs` (or, with `accumulate`, `dst ← dst + scale · lhs · rhs`) for
+/// `[m, n, k]`, on the calling thread: `dst` is `m × n` with column stride 1 and row stride
+/// `dst.1`; `lhs` (`m × k`) and `rhs` (`k × n`) are `(pointer, row stride, column stride)`.
+/// Without `accumulate`, `dst` is written, never read.
 ///
 /// # Safety
 /// Every element the three strided matrices address lies in a live allocation, and `dst`
 /// aliases neither operand nor memory another thread touches meanwhile.
 #[allow(unsafe_code)]
-unsafe fn product(
+pub(crate) unsafe fn product(
     [m, n, k]: [usize; 3],
     dst: (*mut f32, usize),
     lhs: (*const f32, usize, usize),
     rhs: (*const f32, usize, usize),
     scale: f32,
+    accumulate: bool,
 ) {
     // SAFETY: the caller's contract is gemm's.
     unsafe {
@@ -377,14 +430,14 @@ unsafe fn product(
             dst.0,
             1,
             dst.1 as isize,
-            false,
+            accumulate,
             lhs.0,
             lhs.2 as isize,
             lhs.1 as isize,
             rhs.0,
             rhs.2 as isize,
             rhs.1 as isize,
-            0.0,
+            if accumulate { 1.0 } else { 0.0 },
             scale,
             false,
             false,
@@ -395,7 +448,7 @@ unsafe fn product(
 }
 
 /// The maximum of a non-empty row (`-∞` if every entry is); lanes of 16 so that it vectorises.
-fn row_max(row: &[f32]) -> f32 {
+pub(crate) fn row_max(row: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = row.chunks_exact(LANES);
     for chunk in &mut chunks {

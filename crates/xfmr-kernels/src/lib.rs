@@ -6,8 +6,11 @@
 //!
 //! - [`attention()`]: the whole of `softmax(QKᵀ·s + M + A) V` per block of query rows, reading
 //!   multi-head attention's strided head views in place;
+//! - [`attention_autodiff`]: the same as one operation of `Autodiff<Flex>`'s graph, with a
+//!   backward kernel of its own (training on the CPU);
 //! - [`attend_cached`] and [`cached_probabilities`]: one query position's attention over a
 //!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled;
+//! - [`dropout_mask`]: dropout masks from a counter-based hash, in parallel (training);
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
 //! - [`gelu`]: exact GELU, vectorised;
 //! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
@@ -17,7 +20,8 @@
 //!   needs no backend.
 //!
 //! The flex kernels (attention, exp, GELU) run only where [`runs_on`] holds: the
-//! `burn::backend::Flex` backend itself (not under `Autodiff`) with f32 tensors. Callers check
+//! `burn::backend::Flex` backend itself (not under `Autodiff`) with f32 tensors;
+//! [`attention_autodiff`] only where [`runs_on_autodiff`] holds (`Autodiff<Flex>`, f32). Callers check
 //! it and take burn's generic path otherwise; the kernels assert it again in debug builds.
 //!
 //! # SAFETY inventory
@@ -32,6 +36,7 @@
 //! | `attention::Task::run`, second `product` | `O_blk = exp(S - m) V_h` | as above for `V`; the output block is the task's own, disjoint chunk (`par_chunks_mut`) |
 //! | `quant::dot::on_simd_path!` (used by `dot_row`, `dot_blocks`, `dot_blocks4`, `dot_rows4`, `dot_panel`) | its three calls of the `#[target_feature]` functions of `quant::dot::x86` | each for a `Path` that `Path::available` confirmed: it checks every feature those functions enable (AVX2, FMA, F16C, and AVX-VNNI or AVX-512 F/VNNI/VL); `QuantizedMatrix::matmul_fused`, their only caller, asserts it in all builds |
 //! | `quant::dot::x86` (`quant/dot/x86.rs`) | SIMD intrinsics: unaligned loads | `products_*` load `[u8; 32]`/`[i8; 32]` arrays (whole, or 16 bytes at offsets 0 and 16); `blocks*`/`rows4*` load from `&[u8; N]` blocks obtained by a checked `try_into` after an all-builds length assert: 16 bytes at offset 2 of an 18-byte `Q4_0` block, at offset 4 of a 20-byte `Q4_1` block, 32 bytes at offset 2 of a 34-byte `Q8_0` block; `panel_*` load dwords at offsets 2 + 4k (`Q4_0`, k < 4), 4 + 4k (`Q4_1`, k < 4) and 2 + 4k (`Q8_0`, k < 8) of such blocks, and aligned 32-byte vectors of a `PanelBlock` (`#[repr(C, align(32))]`, its `q[k]`, `d` and `sum` at multiples of 32 bytes) |
+//! | `attention_autodiff::backward`, its five `product` calls | `S = s·Q_blk K_hᵀ`, `dV_h += Pᵀ dO_blk`, `dP = dO_blk V_hᵀ`, `dQ_blk = s·dS K_h`, `dK_h += s·dSᵀ Q_blk` | `View::check` bounds the q, k, v and dO views (asserted, all builds); `p`, `ds` are the task's own `rows × seq_k` buffers; `dq`, `dk`, `dv` are the task's own slices of its sequence (`par_chunks_mut`), and the written extents are inside them (the comment at the call) |
 //! | `cached::attend_cached`, `cached::cached_probabilities` | calls of the `#[target_feature(enable = "avx2")]` copy of the portable kernel (safe Rust, every slice bounds-checked) | each after `is_x86_feature_detected!("avx2")` |
 //! | `quant::dot::quantize_blocks` | its call of the `#[target_feature(enable = "avx2")]` copy of the portable loop (safe Rust) | after `is_x86_feature_detected!("avx2")` |
 //! | `exp::exp_shifted` | calls of the `#[target_feature(enable = "avx512f")]` and `"avx2"` copies | each after `is_x86_feature_detected!` for that feature |
@@ -46,14 +51,18 @@ use burn::tensor::backend::Backend;
 use burn::tensor::DType;
 
 mod attention;
+mod attention_autodiff;
 mod cached;
+mod dropout;
 mod exp;
 mod gelu;
 pub mod quant;
 mod silu;
 
 pub use attention::attention;
+pub use attention_autodiff::{attention_autodiff, runs_on_autodiff};
 pub use cached::{attend_cached, cached_probabilities, CachedHead};
+pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 pub use gelu::gelu;
 pub use silu::silu_mul;

@@ -271,7 +271,10 @@ impl<B: Backend> DecoderOnly<B> {
         let x = add_positions(self.positions.as_ref(), self.embedding.forward(ids), 0)?;
         Ok(self
             .stack
-            .forward(SelfAttentionInput::new(self.dropout.forward(x))))
+            .forward(SelfAttentionInput::new(xfmr_blocks::dropout(
+                &self.dropout,
+                x,
+            ))))
     }
 
     /// An empty decoding state for `batch` sequences.
@@ -400,7 +403,7 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
                 &device,
             ))
         });
-        let input = SelfAttentionInput::new(self.dropout.forward(x)).mask_opt(mask);
+        let input = SelfAttentionInput::new(xfmr_blocks::dropout(&self.dropout, x)).mask_opt(mask);
         let h = self.stack.step(input, &mut state.cache);
         let logits = self
             .project(h.narrow(1, new - 1, 1))

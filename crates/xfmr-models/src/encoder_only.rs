@@ -227,7 +227,7 @@ impl<B: Backend> EncoderOnly<B> {
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(x);
         }
-        Ok(self.dropout.forward(x))
+        Ok(xfmr_blocks::dropout(&self.dropout, x))
     }
 
     /// Contextual token states (BERT's `last_hidden_state`).
@@ -330,7 +330,7 @@ impl<B: Backend> EncoderOnly<B> {
             Some(_) => self.pooled(hidden),
             None => cls_state(hidden),
         };
-        classifier.forward(self.dropout.forward(pooled))
+        classifier.forward(xfmr_blocks::dropout(&self.dropout, pooled))
     }
 
     /// Masked-token prediction logits. The vocabulary product runs in chunks of rows (as in

@@ -167,7 +167,7 @@ impl<B: Backend> Transformer<B> {
         offset: usize,
     ) -> Result<Tensor<B, 3>, ModelError> {
         let x = add_positions(self.positions.as_ref(), table.forward(ids), offset)?;
-        Ok(self.dropout.forward(x))
+        Ok(xfmr_blocks::dropout(&self.dropout, x))
     }
 
     /// The encoder's input (embedded source with positions) and the source padding mask.

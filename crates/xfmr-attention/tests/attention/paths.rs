@@ -173,6 +173,101 @@ fn flex_kernel_equals_reference() {
     }
 }
 
+/// Training on flex: under `Autodiff<Flex>` `Auto` runs xfmr's kernel as one operation with its
+/// own backward (`xfmr_kernels::attention_autodiff`); its values and its gradients with respect
+/// to q, k and v equal burn's autodiff through the reference path (≤ 1e-5 absolute for values,
+/// as the inference kernel; gradients ≤ 1e-4 absolute + 1e-4 relative: f32 sums of up to 700
+/// products of O(1) terms, taken in other orders on the two paths). The inputs are leaves of
+/// shape `[batch, seq, heads, d]` viewed as heads (as multi-head attention's projections are),
+/// so the gradients pass back through the view; grouped key/value heads, masks with a fully
+/// masked row (whose query gradient is exactly zero) and masks computed by ops, a non-default
+/// scale, `d_v ≠ d_k`, and a case cut into several blocks of query rows.
+#[cfg(feature = "flex")]
+#[test]
+fn flex_autodiff_kernel_gradients_equal_reference() {
+    type B = Autodiff<Flex>;
+    assert!(xfmr_kernels::runs_on_autodiff::<B>(DType::F32));
+    assert!(!xfmr_kernels::runs_on_autodiff::<Flex>(DType::F32));
+    assert!(!xfmr_kernels::runs_on_autodiff::<Autodiff<NdArray<f32>>>(
+        DType::F32
+    ));
+    let device = Default::default();
+    let mut rng = TestRng::new(29);
+    let cases = [
+        // (batch, heads, heads_kv, seq_q, seq_k, d_k, d_v)
+        (2, 4, 4, 5, 9, 8, 8),
+        (2, 6, 2, 4, 7, 8, 5),
+        (2, 6, 3, 1, 11, 16, 4),
+        (2, 2, 1, 6, 1, 8, 8),
+        (1, 2, 2, 300, 700, 8, 6),
+        (3, 4, 2, 33, 17, 12, 12),
+    ];
+    for (trial, (batch, heads, heads_kv, seq_q, seq_k, d_k, d_v)) in cases.into_iter().enumerate() {
+        let what = format!("case {trial} {:?}", cases[trial]);
+        let leaves = [
+            rng.tensor::<B, 4>([batch, seq_q, heads, d_k], 1.0, &device),
+            rng.tensor::<B, 4>([batch, seq_k, heads_kv, d_k], 1.0, &device),
+            rng.tensor::<B, 4>([batch, seq_k, heads_kv, d_v], 1.0, &device),
+        ];
+        let upstream = rng.tensor::<B, 4>([batch, heads, seq_q, d_v], 1.0, &device);
+        let mut options: AttentionOptions<B> = if batch >= 2 {
+            // trial 0: mask only (no bias); row 0 of batch 1 fully masked.
+            random_mask_and_bias(&mut rng, 0, [batch, heads, seq_q, seq_k])
+        } else {
+            let ids: Vec<i64> = (0..seq_k as i64).map(|j| j % 5).collect();
+            let padding = AttnMask::padding_from_ids(
+                Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq_k]), &device),
+                0,
+            );
+            AttentionOptions::default()
+                .with_mask(AttnMask::causal(seq_q, seq_k, &device).union(padding))
+        };
+        if trial % 3 == 2 {
+            options = options.with_scale(0.3);
+        }
+        // (context, [dq, dk, dv]) of sum(context ⊙ upstream) through one path.
+        let run = |kernel: bool| {
+            let [q, k, v] = leaves.clone().map(|t| t.detach().require_grad());
+            let heads_view = |t: &Tensor<B, 4>| t.clone().swap_dims(1, 2);
+            let (qh, kh, vh) = (heads_view(&q), heads_view(&k), heads_view(&v));
+            let context = if kernel {
+                scaled_dot_product_attention(qh, kh, vh, options.clone())
+                    .unwrap()
+                    .context
+            } else {
+                attention_reference(qh, kh, vh, options.clone())
+                    .unwrap()
+                    .context
+            };
+            let grads = (context.clone() * upstream.clone()).sum().backward();
+            let grad = |t: &Tensor<B, 4>| t.grad(&grads).expect("a gradient");
+            (context.inner(), [grad(&q), grad(&k), grad(&v)])
+        };
+        let (kernel, kernel_grads) = run(true);
+        let (reference, reference_grads) = run(false);
+        assert_tensors_close(&kernel, &reference, 1e-5, 0.0, &format!("{what}: values"));
+        for (name, (a, b)) in ["dQ", "dK", "dV"]
+            .iter()
+            .zip(kernel_grads.iter().zip(&reference_grads))
+        {
+            assert_tensors_close(a, b, 1e-4, 1e-4, &format!("{what}: {name}"));
+        }
+        if batch >= 2 {
+            // Row 0 of batch 1 ignores every key: zero output, zero query gradient.
+            let zero_row = kernel.clone().narrow(0, 1, 1).narrow(2, 0, 1);
+            assert!(
+                to_vec(&zero_row).iter().all(|&x| x == 0.0),
+                "{what}: {zero_row}"
+            );
+            let dq_row = kernel_grads[0].clone().narrow(0, 1, 1).narrow(1, 0, 1);
+            assert!(
+                to_vec(&dq_row).iter().all(|&x| x == 0.0),
+                "{what}: dQ {dq_row}"
+            );
+        }
+    }
+}
+
 /// Attention with `h_kv < h` key/value heads (grouped-query) equals attention with each key/value
 /// head copied for its `h / h_kv` query heads (built here by index selection), on every path —
 /// reference (weights too), fused, decomposed — with masks, a fully masked row and biases

@@ -281,6 +281,73 @@ fn exact_gelu_on_flex_takes_the_kernel() {
     );
 }
 
+/// `xfmr_blocks::dropout` under `Autodiff<Flex>` takes xfmr's mask (`xfmr_kernels::dropout_mask`)
+/// and keeps burn's law: every output is 0 or `x/(1−p)`; the dropped fraction is within 5σ of
+/// `p` (binomial); the gradient of `sum(dropout(x))` is the mask itself (`1/(1−p)` where kept, 0
+/// where dropped); another seed, another mask; the identity without autodiff and at `p = 0`.
+/// burn's own `Dropout::forward` with the same seed gives another mask (the proof of the path).
+#[cfg(feature = "flex")]
+#[test]
+fn dropout_on_autodiff_flex_takes_xfmr_mask() {
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::DropoutConfig;
+    use burn::tensor::backend::Backend;
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    let (n, p) = (200_000usize, 0.1f64);
+    let d = DropoutConfig::new(p).init();
+    let xs: Vec<f32> = (0..n).map(|i| 1.0 + (i % 7) as f32).collect();
+    let x = || Tensor::<B, 1>::from_floats(xs.as_slice(), &device).require_grad();
+    let run = |seed: u64| {
+        B::seed(&device, seed);
+        let x = x();
+        let y = xfmr_blocks::dropout(&d, x.clone());
+        let grads = y.clone().sum().backward();
+        let y: Vec<f32> = y.into_data().to_vec().unwrap();
+        let g: Vec<f32> = x.grad(&grads).unwrap().into_data().to_vec().unwrap();
+        (y, g)
+    };
+    let (y, g) = run(5);
+    let scale = 1.0 / (1.0 - p as f32);
+    let mut dropped = 0usize;
+    for i in 0..n {
+        if y[i] == 0.0 {
+            dropped += 1;
+            assert_eq!(g[i], 0.0, "element {i}: dropped but gradient {}", g[i]);
+        } else {
+            assert_eq!(y[i], xs[i] * scale, "element {i}");
+            assert_eq!(g[i], scale, "element {i}: gradient");
+        }
+    }
+    let sigma = (n as f64 * p * (1.0 - p)).sqrt();
+    assert!(
+        (dropped as f64 - n as f64 * p).abs() <= 5.0 * sigma,
+        "{dropped} of {n} dropped at p = {p}"
+    );
+    // (That one seed gives one mask is not asserted here: other tests of this binary draw from
+    // flex's one global generator meanwhile. `dropout_mask` is a function of its seed,
+    // tested in xfmr-kernels.)
+    assert_ne!(run(6).0, y, "two seeds give one mask");
+    B::seed(&device, 5);
+    let burns: Vec<f32> = d.forward(x()).into_data().to_vec().unwrap();
+    assert_ne!(
+        burns, y,
+        "burn's dropout gives the same mask: no proof of the path"
+    );
+    let plain = Tensor::<Flex, 1>::from_floats(xs.as_slice(), &device);
+    let same: Vec<f32> = xfmr_blocks::dropout(&d, plain)
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert_eq!(same, xs, "dropout changed a tensor outside autodiff");
+    let off = DropoutConfig::new(0.0).init();
+    let kept: Vec<f32> = xfmr_blocks::dropout(&off, x())
+        .into_data()
+        .to_vec()
+        .unwrap();
+    assert_eq!(kept, xs, "dropout 0 changed the tensor");
+}
+
 /// Damaged safetensors bytes are `BlockError::Read`, never a panic: the file cut at every
 /// length, its header's length field lying (past the end, `u64::MAX`), every header byte
 /// inverted (an error or a dictionary, not a panic); through `from_file` the error names the

@@ -1,0 +1,41 @@
+//! [`dropout`]: burn's `Dropout` with a faster mask on the CPU.
+
+use burn::nn::Dropout;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+/// Dropout (paper §5.4): during training (an autodiff backend) each element of `x` is zeroed
+/// with probability `p = dropout.prob` and the others scaled by `1/(1 − p)`; elsewhere, or at
+/// `p = 0`, `x` itself. The same operation as burn's [`Dropout::forward`], which every block
+/// and model of xfmr calls through this function.
+///
+/// Under `Autodiff<Flex>` (training on the CPU, with this crate's `flex` feature) the mask comes
+/// from `xfmr_kernels::dropout_mask` instead of burn's generator (a counter-based hash filled
+/// in parallel, its seed drawn from burn's generator, so `Backend::seed` still fixes it), and
+/// the dropout is one product instead of two: burn's per-element sampler was 8% of a training
+/// step (docs/benchmarks.md). The two generators give different masks of the same law.
+///
+/// # Shapes
+/// - `x`: any; output: the same
+pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -> Tensor<B, D> {
+    if !B::ad_enabled(&x.device()) || dropout.prob == 0.0 {
+        return x;
+    }
+    #[cfg(feature = "flex")]
+    if xfmr_kernels::runs_on_autodiff::<B>(x.dtype()) {
+        use burn::tensor::{Distribution, TensorData};
+        let device = x.device();
+        // 48 bits of seed from burn's generator (two uniform f32 draws, 24 bits each).
+        let draws: Vec<f32> = Tensor::<B, 1>::random([2], Distribution::Default, &device)
+            .into_data()
+            .to_vec()
+            .expect("f32 draws");
+        let bits = |u: f32| (f64::from(u) * 16_777_216.0) as u64;
+        let seed = bits(draws[0]) << 24 | bits(draws[1]);
+        let shape = x.shape();
+        let keep = (1.0 - dropout.prob) as f32;
+        let mask = xfmr_kernels::dropout_mask(shape.num_elements(), keep, seed);
+        return x * Tensor::from_data(TensorData::new(mask, shape), &device);
+    }
+    dropout.forward(x)
+}

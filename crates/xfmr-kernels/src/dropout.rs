@@ -1,0 +1,104 @@
+//! Dropout masks for training on the CPU: [`dropout_mask`].
+//!
+//! burn's `Dropout` draws a Bernoulli tensor through `TensorData::random`, one element at a time
+//! from a ChaCha generator behind a distribution sampler, then multiplies twice (by the mask,
+//! then by `1/keep`): 8% of a CPU training step (docs/benchmarks.md). Here each element is a
+//! hash of its index under a per-chunk key (a counter-based generator, as Philox is for
+//! cuRAND and PyTorch's CUDA dropout), the chunks fill in parallel, and the mask already holds
+//! `1/keep`, so dropout is one product.
+
+use rayon::prelude::*;
+
+/// Elements per chunk: one key and one rayon task each.
+const CHUNK: usize = 1 << 14;
+
+/// A dropout mask of `len` elements: each is `1/keep` with probability `keep` and 0 otherwise,
+/// independently (to the quality of the hash below), as a function of `seed` alone: the same
+/// seed gives the same mask on any number of threads.
+///
+/// Element `i` of chunk `c` (chunks of 16,384) is kept when the top 24 bits of
+/// `lowbias32(i ⊕ k_c)` are below `round(keep · 2²⁴)`, where `k_c` is the chunk's key (the
+/// SplitMix64 finaliser of `seed ⊕ c·φ`, φ = 0x9E37_79B9_7F4A_7C15) and `lowbias32` is Chris
+/// Wellons' 32-bit integer hash (a bijection with low bias; its two multiplies vectorise).
+///
+/// # Panics
+/// If `keep` is not in `(0, 1]`.
+pub fn dropout_mask(len: usize, keep: f32, seed: u64) -> Vec<f32> {
+    assert!(
+        keep > 0.0 && keep <= 1.0,
+        "dropout_mask: the keep probability {keep} is outside (0, 1]"
+    );
+    let scale = 1.0 / keep;
+    let threshold = (f64::from(keep) * 16_777_216.0).round() as u32;
+    let mut mask = vec![0.0f32; len];
+    mask.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(c, chunk)| {
+            let key = splitmix64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as u32;
+            for (i, m) in chunk.iter_mut().enumerate() {
+                let kept = lowbias32(i as u32 ^ key) >> 8 < threshold;
+                *m = if kept { scale } else { 0.0 };
+            }
+        });
+    mask
+}
+
+/// SplitMix64's output function (Steele, Lea and Flood, 2014).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Chris Wellons' `lowbias32` integer hash (hash-prospector).
+#[inline(always)]
+fn lowbias32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7FEB_352D);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846C_A68B);
+    x ^ (x >> 16)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values are 0 or `1/keep`; the kept fraction is within 5 standard deviations of `keep`
+    /// (binomial); a seed gives one mask whatever the thread count; seeds give different masks;
+    /// neighbouring elements and chunks are not correlated (the fraction of kept pairs
+    /// `(i, i+1)` within 5σ of `keep²`).
+    #[test]
+    fn dropout_mask_has_the_asked_statistics() {
+        let len = 1_000_003;
+        for keep in [0.9f32, 0.5, 0.1, 1.0] {
+            let mask = dropout_mask(len, keep, 7);
+            let kept = mask.iter().filter(|&&m| m != 0.0).count();
+            assert!(mask.iter().all(|&m| m == 0.0 || m == 1.0 / keep));
+            let p = f64::from(keep);
+            let sigma = (len as f64 * p * (1.0 - p)).sqrt();
+            assert!(
+                (kept as f64 - len as f64 * p).abs() <= 5.0 * sigma + 1.0,
+                "keep {keep}: {kept} of {len} kept"
+            );
+            let pairs = mask
+                .windows(2)
+                .filter(|w| w[0] != 0.0 && w[1] != 0.0)
+                .count() as f64;
+            let n = (len - 1) as f64;
+            let sigma = (n * p * p * (1.0 - p * p)).sqrt() * 2.0; // pairs overlap: a loose σ
+            assert!(
+                (pairs - n * p * p).abs() <= 5.0 * sigma + 1.0,
+                "keep {keep}: {pairs} kept pairs of {n}"
+            );
+        }
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(|| dropout_mask(100_000, 0.9, 3));
+        assert_eq!(one, dropout_mask(100_000, 0.9, 3));
+        assert_ne!(dropout_mask(100_000, 0.9, 3), dropout_mask(100_000, 0.9, 4));
+    }
+}
