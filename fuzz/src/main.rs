@@ -193,7 +193,7 @@ fn main() {
         for (name, data) in &kept {
             run(target, name, data, &mut failures);
         }
-        let mut rng = Rng::new(args.seed ^ target.name.len() as u64 * 0x9E37_79B9);
+        let mut rng = Rng::new(args.seed ^ (target.name.len() as u64 * 0x9E37_79B9));
         let start = Instant::now();
         let mut mutations = 0u64;
         while start.elapsed().as_secs_f64() < args.seconds && !kept.is_empty() {

@@ -241,9 +241,11 @@ pub fn scaled_dot_product_attention<B: Backend>(
         AttentionKernel::Auto | AttentionKernel::Flex
     ) && options.bias.is_none()
         && xfmr_kernels::runs_on_autodiff::<B>(query.dtype())
+        && query.dims()[1] * query.dims()[3] * value.dims()[3] > 0
     {
         // Training on flex: the kernel as one operation of the autodiff graph, with its own
-        // backward (no dropout on the weights here: that took the reference path above).
+        // backward (no dropout on the weights here: that took the reference path above; no
+        // zero widths or head counts, which its backward does not take).
         let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
         let mask = options.mask.map(AttnMask::into_tensor);
         let context = xfmr_kernels::attention_autodiff(query, key, value, mask, scale);

@@ -6,8 +6,10 @@ use burn::tensor::Tensor;
 
 /// Dropout (paper §5.4): during training (an autodiff backend) each element of `x` is zeroed
 /// with probability `p = dropout.prob` and the others scaled by `1/(1 − p)`; elsewhere, or at
-/// `p = 0`, `x` itself. The same operation as burn's [`Dropout::forward`], which every block
-/// and model of xfmr calls through this function.
+/// `p = 0`, `x` itself. The same operation as burn's [`Dropout::forward`]; xfmr's blocks and
+/// models apply their residual, feed-forward and embedding dropout through this function
+/// (dropout on attention weights, and the positional encodings' own in `xfmr-position`, keep
+/// burn's).
 ///
 /// Under `Autodiff<Flex>` (training on the CPU, with this crate's `flex` feature) the mask comes
 /// from `xfmr_kernels::dropout_mask` instead of burn's generator (a counter-based hash filled
@@ -21,8 +23,9 @@ pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -
     if !B::ad_enabled(&x.device()) || dropout.prob == 0.0 {
         return x;
     }
+    // (p = 1, which xfmr's configurations refuse, is left to burn.)
     #[cfg(feature = "flex")]
-    if xfmr_kernels::runs_on_autodiff::<B>(x.dtype()) {
+    if dropout.prob < 1.0 && xfmr_kernels::runs_on_autodiff::<B>(x.dtype()) {
         use burn::tensor::{Distribution, TensorData};
         let device = x.device();
         // 48 bits of seed from burn's generator (two uniform f32 draws, 24 bits each).

@@ -24,8 +24,8 @@
 //! - [`Positions`] (sinusoidal or learned vectors added to embeddings) and
 //!   [`AttentionPositions`] (RoPE, ALiBi inside self-attention), both from one
 //!   [`PositionEncoding`].
-//! - [`dropout()`]: burn's dropout, with a faster mask when training on flex; every block and
-//!   model applies dropout through it.
+//! - [`dropout()`]: burn's dropout, with a faster mask when training on flex; the blocks and
+//!   models apply their residual, feed-forward and embedding dropout through it.
 //! - [`StateDict`] and `load_torch` on the stacks: PyTorch `nn.Transformer` weights by name.
 //!
 //! Departures from the paper, all opt-in: pre-norm, RMSNorm, GELU/SwiGLU, grouped key/value

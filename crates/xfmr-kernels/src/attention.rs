@@ -1,4 +1,5 @@
-//! xfmr's own attention kernel for the `flex` CPU backend (f32, inference): the whole of
+//! xfmr's own attention kernel for the `flex` CPU backend (f32; also the forward of
+//! [`attention_autodiff`](crate::attention_autodiff) when training): the whole of
 //! `softmax(QKᵀ·s + M + A) V` per (sequence, block of query rows), in one task, without
 //! materialising the `[batch, heads, seq_q, seq_k]` scores.
 //!
@@ -60,8 +61,10 @@ impl<'a> View<'a> {
         let mut strides = [0; 4];
         for d in 0..4 {
             dims[d] = layout.shape()[d];
-            // Non-negative: `to_flex` made the tensor contiguous otherwise.
-            strides[d] = layout.strides()[d] as usize;
+            // Non-negative: `readable` made the tensor contiguous otherwise.
+            let stride = layout.strides()[d];
+            assert!(stride >= 0, "attention kernel: a negative stride {stride}");
+            strides[d] = stride as usize;
         }
         let view = Self {
             data: t.storage::<f32>(),
@@ -193,7 +196,8 @@ pub fn attention<B: Backend>(
 /// heads_kv, seq_k, d_k]`, `[batch, heads_kv, seq_k, d_v]` (non-negative strides: see
 /// [`readable`]) and host masks: the context, stored `[batch, seq_q, heads, d_v]` and returned
 /// as its `[batch, heads, seq_q, d_v]` view, and, when `with_lse`, each row's log-sum-exp
-/// `ln Σ_k exp(s_qk)` (`-∞` for a row whose keys are all ignored), indexed
+/// `ln Σ_k exp(s_qk)` (`-∞` for a row whose keys are all ignored; left 0 when there are no keys
+/// or `d_v` is 0, where the backward has nothing to compute), indexed
 /// `(b·seq_q + q)·heads + h` (what the backward pass of
 /// [`attention_autodiff`](crate::attention_autodiff) recomputes the weights from).
 pub(crate) fn forward(

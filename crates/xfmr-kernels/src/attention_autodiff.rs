@@ -66,8 +66,9 @@ pub fn runs_on_autodiff<B: Backend>(dtype: DType) -> bool {
 /// against it and against f64 finite differences in `xfmr-attention`).
 ///
 /// The caller has checked the shapes and that [`runs_on_autodiff`] holds (asserted in debug
-/// builds; the bounds the unsafe products rely on are checked in every build). No additive
-/// bias and no dropout on the weights: the caller takes burn's generic path for those.
+/// builds; the bounds the unsafe products rely on are checked in every build), and that
+/// `heads`, `d_k` and `d_v` are not 0. No additive bias and no dropout on the weights: the
+/// caller takes burn's generic path for those.
 ///
 /// # Shapes
 /// - `query`: `[batch, heads, seq_q, d_k]`
@@ -208,7 +209,11 @@ fn backward(saved: &Saved, grad: &FlexTensor) -> [FlexTensor; 3] {
     let mut dq = vec![0.0f32; batch * seq_q * heads * d_k];
     let mut dk = vec![0.0f32; batch * seq_k * heads_kv * d_k];
     let mut dv = vec![0.0f32; batch * seq_k * heads_kv * d_v];
-    if batch * seq_q * seq_k * d_k.max(d_v) > 0 {
+    assert!(
+        heads > 0 && d_k > 0 && d_v > 0,
+        "attention backward: heads {heads}, d_k {d_k}, d_v {d_v} (the caller takes another path for 0)"
+    );
+    if batch * seq_q * seq_k > 0 {
         dq.par_chunks_mut(seq_q * heads * d_k)
             .zip(dk.par_chunks_mut(seq_k * heads_kv * d_k))
             .zip(dv.par_chunks_mut(seq_k * heads_kv * d_v))

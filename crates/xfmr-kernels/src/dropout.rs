@@ -17,9 +17,12 @@ const CHUNK: usize = 1 << 14;
 /// seed gives the same mask on any number of threads.
 ///
 /// Element `i` of chunk `c` (chunks of 16,384) is kept when the top 24 bits of
-/// `lowbias32(i ⊕ k_c)` are below `round(keep · 2²⁴)`, where `k_c` is the chunk's key (the
-/// SplitMix64 finaliser of `seed ⊕ c·φ`, φ = 0x9E37_79B9_7F4A_7C15) and `lowbias32` is Chris
-/// Wellons' 32-bit integer hash (a bijection with low bias; its two multiplies vectorise).
+/// `lowbias32(lowbias32(i ⊕ lo_c) ⊕ hi_c)` are below `round(keep · 2²⁴)`, where `lo_c`, `hi_c`
+/// are the low and high halves of the chunk's 64-bit key (the SplitMix64 finaliser of
+/// `seed ⊕ c·φ`, φ = 0x9E37_79B9_7F4A_7C15) and `lowbias32` is Chris Wellons' 32-bit integer
+/// hash (a bijection with low bias; its multiplies vectorise). Both halves enter: with the low
+/// half alone, two chunks whose keys agree in their top 18 bits would draw permutations of one
+/// mask.
 ///
 /// # Panics
 /// If `keep` is not in `(0, 1]`.
@@ -34,9 +37,10 @@ pub fn dropout_mask(len: usize, keep: f32, seed: u64) -> Vec<f32> {
     mask.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(c, chunk)| {
-            let key = splitmix64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)) as u32;
+            let key = splitmix64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let (lo, hi) = (key as u32, (key >> 32) as u32);
             for (i, m) in chunk.iter_mut().enumerate() {
-                let kept = lowbias32(i as u32 ^ key) >> 8 < threshold;
+                let kept = lowbias32(lowbias32(i as u32 ^ lo) ^ hi) >> 8 < threshold;
                 *m = if kept { scale } else { 0.0 };
             }
         });
@@ -67,8 +71,8 @@ mod tests {
 
     /// Values are 0 or `1/keep`; the kept fraction is within 5 standard deviations of `keep`
     /// (binomial); a seed gives one mask whatever the thread count; seeds give different masks;
-    /// neighbouring elements and chunks are not correlated (the fraction of kept pairs
-    /// `(i, i+1)` within 5σ of `keep²`).
+    /// neighbouring elements are not correlated (the fraction of kept pairs `(i, i+1)` within
+    /// 5σ of `keep²`).
     #[test]
     fn dropout_mask_has_the_asked_statistics() {
         let len = 1_000_003;

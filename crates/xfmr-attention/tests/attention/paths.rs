@@ -245,6 +245,21 @@ fn flex_autodiff_kernel_gradients_equal_reference() {
         };
         let (kernel, kernel_grads) = run(true);
         let (reference, reference_grads) = run(false);
+        // The proof of the path: the kernel called directly gives the same values, bit for bit.
+        let scale = options.scale.unwrap_or(1.0 / (d_k as f64).sqrt()) as f32;
+        let heads_view = |t: &Tensor<B, 4>| t.clone().swap_dims(1, 2);
+        let direct = xfmr_kernels::attention_autodiff(
+            heads_view(&leaves[0]),
+            heads_view(&leaves[1]),
+            heads_view(&leaves[2]),
+            options.mask.clone().map(AttnMask::into_tensor),
+            scale,
+        );
+        assert_eq!(
+            to_vec(&direct),
+            to_vec(&kernel),
+            "{what}: scaled_dot_product_attention did not take the autodiff kernel"
+        );
         assert_tensors_close(&kernel, &reference, 1e-5, 0.0, &format!("{what}: values"));
         for (name, (a, b)) in ["dQ", "dK", "dV"]
             .iter()
