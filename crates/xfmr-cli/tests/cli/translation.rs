@@ -217,9 +217,9 @@ fn train_translate_eval_attention() {
         let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
         let last = log
             .lines()
+            .rev()
             .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
-            .filter(|record| record["kind"] == "valid")
-            .last()
+            .find(|record| record["kind"] == "valid")
             .expect("a validation record");
         last["nll"].as_f64().unwrap()
     };
