@@ -99,21 +99,23 @@ pub fn attention_autodiff<B: Backend>(
         readable(v.primitive.clone()),
     );
     let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
-    let out = match AttentionBackward
+    let prepared = AttentionBackward
         .prepare::<NoCheckpointing>(nodes)
         .compute_bound()
-        .stateful()
-    {
+        .stateful();
+    // The log-sum-exp only when the backward will need it.
+    let tracked = matches!(prepared, OpsKind::Tracked(_));
+    let (out, lse) = forward(
+        &q_flex,
+        &k_flex,
+        &v_flex,
+        mask.as_deref(),
+        None,
+        scale,
+        tracked,
+    );
+    let out = match prepared {
         OpsKind::Tracked(prep) => {
-            let (out, lse) = forward(
-                &q_flex,
-                &k_flex,
-                &v_flex,
-                mask.as_deref(),
-                None,
-                scale,
-                true,
-            );
             let state = Saved {
                 q: q_flex,
                 k: k_flex,
@@ -125,18 +127,7 @@ pub fn attention_autodiff<B: Backend>(
             };
             prep.finish(state, out)
         }
-        OpsKind::UnTracked(prep) => {
-            let (out, _) = forward(
-                &q_flex,
-                &k_flex,
-                &v_flex,
-                mask.as_deref(),
-                None,
-                scale,
-                false,
-            );
-            prep.finish(out)
-        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Tensor::from_primitive(TensorPrimitive::Float(same::<
         AutodiffTensor,

@@ -38,6 +38,18 @@ fn random_mask_and_bias<B: Backend>(
     }
 }
 
+/// A mask computed by ops, which flex may store as bytes: causal ∪ padding (every fifth key,
+/// `[1, 1, seq_q, seq_k]`).
+fn op_built_mask<B: Backend>(seq_q: usize, seq_k: usize) -> AttnMask<B> {
+    let device = Default::default();
+    let ids: Vec<i64> = (0..seq_k as i64).map(|j| j % 5).collect();
+    let padding = AttnMask::padding_from_ids(
+        Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq_k]), &device),
+        0,
+    );
+    AttnMask::causal(seq_q, seq_k, &device).union(padding)
+}
+
 /// Random q, k, v, masks (some rows fully masked) and biases: the fused, decomposed and reference
 /// paths agree (≤ 1e-5) on ndarray and on flex, and fully masked rows are exactly zero on all.
 fn attention_paths_agree<B: Backend>() {
@@ -130,15 +142,7 @@ fn flex_kernel_equals_reference() {
             // A fully masked row needs batch ≥ 2 (`random_mask_and_bias` masks row 0 of batch 1).
             t if batch >= 2 => random_mask_and_bias(&mut rng, t, [batch, heads, seq_q, seq_k]),
             // Masks computed by ops (a comparison, a union), which flex may store as bytes.
-            _ => {
-                let ids: Vec<i64> = (0..seq_k as i64).map(|j| j % 5).collect();
-                let padding = AttnMask::padding_from_ids(
-                    Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq_k]), &device),
-                    0,
-                );
-                AttentionOptions::default()
-                    .with_mask(AttnMask::causal(seq_q, seq_k, &device).union(padding))
-            }
+            _ => AttentionOptions::default().with_mask(op_built_mask(seq_q, seq_k)),
         };
         if trial % 3 == 2 {
             options = options.with_scale(0.3);
@@ -214,13 +218,7 @@ fn flex_autodiff_kernel_gradients_equal_reference() {
             // trial 0: mask only (no bias); row 0 of batch 1 fully masked.
             random_mask_and_bias(&mut rng, 0, [batch, heads, seq_q, seq_k])
         } else {
-            let ids: Vec<i64> = (0..seq_k as i64).map(|j| j % 5).collect();
-            let padding = AttnMask::padding_from_ids(
-                Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, seq_k]), &device),
-                0,
-            );
-            AttentionOptions::default()
-                .with_mask(AttnMask::causal(seq_q, seq_k, &device).union(padding))
+            AttentionOptions::default().with_mask(op_built_mask(seq_q, seq_k))
         };
         if trial % 3 == 2 {
             options = options.with_scale(0.3);
