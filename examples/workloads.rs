@@ -1,6 +1,7 @@
 //! The speed workloads of `docs/benchmarks.md` that run inside one program, on the CPU
-//! backends, printed as one JSON object per line (read by `benches/compare_pytorch.py`, which
-//! runs PyTorch on the same shapes in the same run):
+//! backends (and on wgpu / cuda with those features), printed as one JSON object per line
+//! (read by `benches/compare_pytorch.py`, which runs PyTorch on the same shapes in the same
+//! run):
 //!
 //! - `w1`: multi-head self-attention, batch 8, seq 256, d_model 512, 8 heads, inference.
 //! - `w2`: the encoder stack at the paper's `base` widths (d_model 512, 8 heads, d_ff 2048, 6
@@ -13,13 +14,19 @@
 //!   attention projections, the feed-forward layers, a fused QKV projection), in GFLOP/s: the
 //!   backend's matrix-product rate, for the analysis in `docs/benchmarks.md`.
 //!
-//! Each is timed `iters` times after 2 warm-ups, reading the result back to the host each time;
-//! the median counts. f32; the backends use every core (run with `RAYON_NUM_THREADS=2` to match
+//! Each is timed `iters` times after 2 warm-ups, reading the result back to the host each time
+//! on the CPU backends and waiting for the device (`Backend::sync`, no copy) on the GPU ones,
+//! as PyTorch's side ends with `torch.cuda.synchronize()` there; the median counts. f32; the backends use every core (run with `RAYON_NUM_THREADS=2` to match
 //! PyTorch's 2 threads).
 //!
 //! ```text
 //! cargo run --release -p xfmr --features flex --example workloads -- w2 [iters] [ndarray|flex]
+//! cargo run --release -p xfmr --features flex --example workloads -- w1 30 flex [kernel]
 //! ```
+//!
+//! `kernel` (W1 only): the attention implementation, `auto` (the default), `fused` (burn's
+//! `module::attention`, a flash kernel on the GPU backends), `decomposed` or `flex`; a kernel
+//! other than `auto` is reported as `backend/kernel`.
 
 use std::time::Instant;
 
@@ -32,7 +39,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use xfmr::attention::{MhaInput, MultiHeadAttentionConfig};
+use xfmr::attention::{AttentionKernel, MhaInput, MultiHeadAttentionConfig};
 use xfmr::blocks::SelfAttentionInput;
 
 /// W2's and W4's models and inputs, shared with the criterion bench.
@@ -57,6 +64,19 @@ fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// One JSON line: the workload, the backend, the median time and the throughput in `unit`s.
+/// Waits for `out` to be computed: on a GPU backend by waiting for the device without copying
+/// it to the host, as PyTorch's side does; on a CPU backend by reading it back (what the
+/// figures of earlier days measured).
+fn finish<B: Backend, const D: usize>(gpu: bool, out: Tensor<B, D>) {
+    if gpu {
+        let device = out.device();
+        B::sync(&device).expect("the device finishes its work");
+        drop(out);
+    } else {
+        let _ = out.into_data();
+    }
+}
+
 fn report(workload: &str, backend: &str, secs: f64, units: f64, unit: &str) {
     println!(
         "{{\"workload\": \"{workload}\", \"impl\": \"xfmr\", \"backend\": \"{backend}\", \
@@ -66,28 +86,24 @@ fn report(workload: &str, backend: &str, secs: f64, units: f64, unit: &str) {
     );
 }
 
-fn w1<B: Backend>(backend: &str, iters: usize) {
+fn w1<B: Backend>(backend: &str, gpu: bool, iters: usize, kernel: AttentionKernel) {
     let (batch, seq, d_model, heads) = (8, 256, 512, 8);
     let device = B::Device::default();
     let x = Tensor::<B, 3>::random([batch, seq, d_model], Distribution::Default, &device);
     let mha = MultiHeadAttentionConfig::new(d_model, heads)
+        .with_kernel(kernel)
         .init::<B>(&device)
         .unwrap();
     let secs = median_secs(iters, || {
-        let _ = mha
-            .forward(MhaInput::self_attn(x.clone()))
-            .context
-            .into_data();
+        finish(gpu, mha.forward(MhaInput::self_attn(x.clone())).context);
     });
     report("W1", backend, secs, batch as f64, "sequences");
 }
 
-fn w2<B: Backend>(backend: &str, iters: usize) {
+fn w2<B: Backend>(backend: &str, gpu: bool, iters: usize) {
     let (encoder, x) = w2_encoder::<B>(&B::Device::default());
     let secs = median_secs(iters, || {
-        let _ = encoder
-            .forward(SelfAttentionInput::new(x.clone()))
-            .into_data();
+        finish(gpu, encoder.forward(SelfAttentionInput::new(x.clone())));
     });
     report(
         "W2",
@@ -118,13 +134,13 @@ const GEMM_SHAPES: [[usize; 3]; 4] = [
     [2048, 512, 1536],
 ];
 
-fn gemm<B: Backend>(backend: &str, iters: usize) {
+fn gemm<B: Backend>(backend: &str, gpu: bool, iters: usize) {
     let device = B::Device::default();
     for [m, k, n] in GEMM_SHAPES {
         let a = Tensor::<B, 2>::random([m, k], Distribution::Default, &device);
         let b = Tensor::<B, 2>::random([k, n], Distribution::Default, &device);
         let secs = median_secs(iters, || {
-            let _ = a.clone().matmul(b.clone()).into_data();
+            finish(gpu, a.clone().matmul(b.clone()));
         });
         report(
             &format!("gemm {m}x{k}x{n}"),
@@ -136,11 +152,26 @@ fn gemm<B: Backend>(backend: &str, iters: usize) {
     }
 }
 
-fn run<B: Backend>(workload: &str, backend: &str, iters: usize) {
+/// Runs `workload` on `B`, named `backend` in the report (`gpu`: a GPU backend).
+fn run<B: Backend>(
+    workload: &str,
+    backend: &str,
+    gpu: bool,
+    iters: usize,
+    kernel: AttentionKernel,
+) {
+    assert!(
+        workload == "w1" || kernel == AttentionKernel::Auto,
+        "the kernel argument applies to w1 only"
+    );
+    let label = match kernel {
+        AttentionKernel::Auto => backend.to_string(),
+        other => format!("{backend}/{}", format!("{other:?}").to_lowercase()),
+    };
     match workload {
-        "gemm" => gemm::<B>(backend, iters),
-        "w1" => w1::<B>(backend, iters),
-        "w2" => w2::<B>(backend, iters),
+        "gemm" => gemm::<B>(backend, gpu, iters),
+        "w1" => w1::<B>(&label, gpu, iters, kernel),
+        "w2" => w2::<B>(backend, gpu, iters),
         "w4" => w4::<B>(backend, iters),
         other => panic!("unknown workload {other:?}: w1, w2, w4 or gemm"),
     }
@@ -156,14 +187,21 @@ fn main() {
         Some(one) => vec![one],
         None => vec!["ndarray", "flex"],
     };
+    let kernel = match args.get(3).map_or("auto", String::as_str) {
+        "auto" => AttentionKernel::Auto,
+        "fused" => AttentionKernel::Fused,
+        "decomposed" => AttentionKernel::Decomposed,
+        "flex" => AttentionKernel::Flex,
+        other => panic!("unknown kernel {other:?}: auto, fused, decomposed or flex"),
+    };
     for backend in backends {
         match backend {
-            "ndarray" => run::<NdArray>(workload, backend, iters),
-            "flex" => run::<Flex>(workload, backend, iters),
+            "ndarray" => run::<NdArray>(workload, backend, false, iters, kernel),
+            "flex" => run::<Flex>(workload, backend, false, iters, kernel),
             #[cfg(feature = "wgpu")]
-            "wgpu" => run::<burn::backend::Wgpu>(workload, backend, iters),
+            "wgpu" => run::<burn::backend::Wgpu>(workload, backend, true, iters, kernel),
             #[cfg(feature = "cuda")]
-            "cuda" => run::<burn::backend::Cuda>(workload, backend, iters),
+            "cuda" => run::<burn::backend::Cuda>(workload, backend, true, iters, kernel),
             other => panic!(
                 "unknown backend {other:?}: ndarray, flex, or wgpu / cuda with those features"
             ),

@@ -43,6 +43,15 @@ fn cached_decoding_equals_full_causal_pass_on_wgpu() {
     cached_equals_full::<burn::backend::Wgpu>(1e-4);
 }
 
+/// The same on burn's CUDA backend (`--features cuda`, an NVIDIA GPU), whose f32 products run
+/// in TF32 where their shapes take the tensor cores: the full pass and the one-row steps can
+/// take different kernels, hence TF32's tolerance (`parity::TF32_ATOL`).
+#[cfg(feature = "cuda")]
+#[test]
+fn cached_decoding_equals_full_causal_pass_on_cuda() {
+    cached_equals_full::<burn::backend::Cuda>(crate::parity::TF32_ATOL as f32);
+}
+
 fn cached_equals_full<B: Backend>(atol: f32) {
     let device = Default::default();
     let mut rng = TestRng::new(1);

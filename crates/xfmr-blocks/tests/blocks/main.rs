@@ -1,4 +1,5 @@
-//! Tests of xfmr-blocks: PyTorch `nn.Transformer` parity (outputs on ndarray, flex and wgpu;
+//! Tests of xfmr-blocks: PyTorch `nn.Transformer` parity (outputs on ndarray, flex and wgpu, and
+//! CUDA with `--features cuda`;
 //! gradients under autodiff), incremental decoding, import errors, the pieces.
 
 #[path = "../common/mod.rs"]
