@@ -8,7 +8,8 @@ run on one machine, printed as one ratio table (throughput, higher is better; xf
   tokens, inference. PyTorch: `nn.TransformerEncoder` of 6 `nn.TransformerEncoderLayer`s.
 - W3: one training step (forward, backward, Adam) of the CPU-sized encoder-decoder (`xfmr
   train`'s default preset: d_model 128, 4 heads, d_ff 512, 3 + 3 layers, dropout 0.1, shared and
-  tied embeddings, label smoothing 0.1) on the embedded Spanish-English batches: the same BPE
+  tied embeddings, label smoothing 0.1) on the embedded Spanish-English batches (verses of
+  every length since 2026-11-27, of at most 100 characters before): the same BPE
   vocabulary (the run's tokenizer.json), the same token-count batches in the same order (the
   batching and the seeded shuffle ported from `xfmr_train::data`). Median step time and tokens/s
   (source + target tokens) over the steps after `--skip`. PyTorch: `nn.Transformer` with the same
@@ -244,6 +245,7 @@ def worker_w3(torch, iters, tokenizer_json, skip, max_tokens=2000, max_len=100, 
             src, tgt = line.rstrip("\n").split("\t")
             s = tok.encode(src, add_special_tokens=False).ids
             t = tok.encode(tgt, add_special_tokens=False).ids
+            # The pairs `xfmr train` keeps: at most `--max-len` (100) tokens a side.
             if len(s) <= max_len and len(t) <= max_len:
                 pairs.append((s, t))
     batches = token_batches([(len(s) + 1, len(t) + 1) for s, t in pairs], max_tokens)

@@ -122,8 +122,9 @@ enum Command {
         /// Output directory.
         #[arg(long, default_value = "crates/xfmr-cli/data/es-en")]
         out: PathBuf,
-        /// Longest sentence kept, in characters, on either side.
-        #[arg(long, default_value_t = 100)]
+        /// Longest sentence kept, in characters, on either side (default: no limit, every
+        /// verse, as the embedded set has them; 100 gives the short-verse set of before).
+        #[arg(long, default_value_t = 100_000)]
         max_chars: usize,
         /// Validation pairs.
         #[arg(long, default_value_t = 500)]

@@ -26,7 +26,7 @@ pub(crate) fn tokenizer_path(run: &Path) -> PathBuf {
 }
 
 /// The source-length ranges (characters) the test scores are broken down by: the embedded set's
-/// verses have at most 100, the full corpus's average ~130.
+/// Spanish verses run from 11 to 575 characters, 121 on average.
 const LENGTH_EDGES: [usize; 4] = [50, 100, 150, 200];
 
 /// Greedy and beam BLEU/chrF on `test`, overall and by source length, hypotheses written under
