@@ -26,7 +26,9 @@
 #   is the whole corpus) on CUDA for MINUTES (default 4), then scored on the 500 test sentences.
 # burn's GPU backends compile their kernels at run time and autotune them; `cubecl.toml`
 # (written here) logs each compilation, so the logs say how much of a short run that is, and
-# keeps the compiled kernels and the autotune results under target/ for the later processes.
+# keeps the compiled kernels (PTX) and the autotune results under target/ for the later
+# processes. Both caches go back as $OUT/cubecl-cache.tar.xz; put that file in .gpu/ and a
+# later call starts from them instead of compiling and autotuning again (same GPU kind).
 # Everything it prints is also written under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,11 @@ if [ -f .gpu/bin.tar.xz ] && [ ! -x .gpu/target/release/xfmr ]; then
   python3 -c "import tarfile; tarfile.open('.gpu/bin.tar.xz').extractall('.gpu')"
 fi
 export CARGO_TARGET_DIR=$PWD/.gpu/target
+# cubecl keeps its caches in target/ beside the nearest Cargo.toml: the repository's.
+if [ -f .gpu/cubecl-cache.tar.xz ]; then
+  python3 -c "import tarfile; tarfile.open('.gpu/cubecl-cache.tar.xz').extractall('.')"
+  echo "cubecl caches from an earlier call: $(find target/autotune target/cuda -type f 2>/dev/null | wc -l) files"
+fi
 xfmr=$CARGO_TARGET_DIR/release/xfmr
 # burn reads cubecl.toml from the working directory up; it is removed again on exit.
 trap 'rm -f cubecl.toml' EXIT
@@ -112,4 +119,9 @@ else
 fi
 cp /tmp/cubecl-compile.log "$OUT/cubecl-compile-$phase.log" 2>/dev/null
 cp /tmp/cubecl-autotune.log "$OUT/cubecl-autotune-$phase.log" 2>/dev/null
+caches=$(ls -d target/autotune target/cuda 2>/dev/null)
+if [ -n "$caches" ]; then
+  # shellcheck disable=SC2086
+  tar -cJf "$OUT/cubecl-cache.tar.xz" $caches && ls -l "$OUT/cubecl-cache.tar.xz"
+fi
 true
