@@ -7,7 +7,8 @@ run on one machine, printed as one ratio table (throughput, higher is better; xf
 - W2: encoder stack, `base` widths (512, 8 heads, d_ff 2048, 6 post-norm layers), batch 8 × 128
   tokens, inference. PyTorch: `nn.TransformerEncoder` of 6 `nn.TransformerEncoderLayer`s.
 - W3: one training step (forward, backward, Adam) of the CPU-sized encoder-decoder (`xfmr
-  train`'s default preset: d_model 128, 4 heads, d_ff 512, 3 + 3 layers, dropout 0.1, shared and
+  train`'s default preset: d_model 128, 4 heads, d_ff 512, 3 + 3 layers; dropout 0.1, given
+  explicitly since that preset's default became 0 on 2026-11-27; shared and
   tied embeddings, label smoothing 0.1) on the embedded Spanish-English batches (verses of
   every length since 2026-11-27, of at most 100 characters before): the same BPE
   vocabulary (the run's tokenizer.json), the same token-count batches in the same order (the
@@ -347,8 +348,11 @@ def xfmr_w3(backend, iters, skip, threads, out):
     # default of `xfmr train` is one per core); on a GPU one.
     replicas = threads if backend in ("ndarray", "flex") else 1
     _, _, rss = checked(
+        # `--dropout 0.1` as the PyTorch side (the `cpu` preset's own default is 0 since
+        # 2026-11-27): W3 stays the step it was.
         [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps),
-         "--checkpoint-every", str(steps), "--eval-every", "1000000", "--average", "1",
+         "--dropout", "0.1", "--checkpoint-every", str(steps), "--eval-every", "1000000",
+         "--average", "1",
          "--test-sentences", "0", "--devices", str(replicas)], xfmr_env(threads))
     with open(os.path.join(run, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if '"train"' in line]

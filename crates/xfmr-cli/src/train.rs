@@ -91,9 +91,12 @@ pub struct TrainArgs {
     /// recipe: a resumed run keeps its checkpoint's.
     #[arg(long, value_enum, default_value_t = DecayArg::InverseSqrt)]
     pub decay: DecayArg,
-    /// Dropout (paper: 0.1).
-    #[arg(long, default_value_t = 0.1)]
-    pub dropout: f64,
+    /// Dropout on the residual, feed-forward and embedding outputs. Default: the preset's, the
+    /// paper's 0.1 (0.3 for `big`) except `cpu`'s 0: its ten-minute run sees the data about six
+    /// times and is far from over-fitting, and without dropout it learns faster (test BLEU
+    /// 24.3 against 20.8 beam, docs/training.md).
+    #[arg(long)]
+    pub dropout: Option<f64>,
     /// Seed of initialisation, batch order, dropout and masking.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
