@@ -4,7 +4,8 @@
 //! - `w2_encoder`: the encoder stack at the paper's `base` widths (d_model 512, 8 heads, d_ff
 //!   2048, 6 post-norm layers, no dropout), batch 8 × 128 tokens, inference.
 //! - `w3_train_step`: one optimiser step (forward, backward, Adam) of the `xfmr train` CPU preset
-//!   (d_model 128, 4 heads, d_ff 512, 3 + 3 layers, dropout 0.1, label smoothing 0.1) on the
+//!   (d_model 128, 4 heads, d_ff 512, 3 + 3 layers, label smoothing 0.1; dropout 0.1, as
+//!   `compare_pytorch.py`'s W3 passes it, the preset's own default being 0 since 2026-11-27) on the
 //!   embedded Spanish–English pairs: a 4,000-token BPE vocabulary learnt from them, batches of at
 //!   most 2,000 padded tokens in the trainer's shuffled order. Each iteration is the next batch,
 //!   so the time is the mean over batches of varying shape, as in training.
@@ -84,7 +85,8 @@ fn w3_examples() -> Vec<xfmr_train::Example> {
 fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_train::Example]) {
     let device = B::Device::default();
     let vocab = 4000;
-    // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/spec.rs, train.rs).
+    // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/spec.rs, train.rs), with
+    // `LayerConfig`'s dropout 0.1 as W3 keeps it.
     let model = TransformerConfig::new(vocab, vocab, LayerConfig::new(128, 4, 512), 3, 3);
     let config = TrainConfig::new()
         .with_steps(1_000_000)
