@@ -16,8 +16,8 @@
 //!
 //! Each is timed `iters` times after 2 warm-ups, reading the result back to the host each time
 //! on the CPU backends and waiting for the device (`Backend::sync`, no copy) on the GPU ones,
-//! as PyTorch's side ends with `torch.cuda.synchronize()` there; the median counts. f32; the backends use every core (run with `RAYON_NUM_THREADS=2` to match
-//! PyTorch's 2 threads).
+//! as PyTorch's side ends with `torch.cuda.synchronize()` there; the median counts. f32; the
+//! backends use every core (run with `RAYON_NUM_THREADS=2` to match PyTorch's 2 threads).
 //!
 //! ```text
 //! cargo run --release -p xfmr --features flex --example workloads -- w2 [iters] [ndarray|flex]
@@ -63,7 +63,6 @@ fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {
     times[iters / 2]
 }
 
-/// One JSON line: the workload, the backend, the median time and the throughput in `unit`s.
 /// Waits for `out` to be computed: on a GPU backend by waiting for the device without copying
 /// it to the host, as PyTorch's side does; on a CPU backend by reading it back (what the
 /// figures of earlier days measured).
@@ -77,6 +76,7 @@ fn finish<B: Backend, const D: usize>(gpu: bool, out: Tensor<B, D>) {
     }
 }
 
+/// One JSON line: the workload, the backend, the median time and the throughput in `unit`s.
 fn report(workload: &str, backend: &str, secs: f64, units: f64, unit: &str) {
     println!(
         "{{\"workload\": \"{workload}\", \"impl\": \"xfmr\", \"backend\": \"{backend}\", \
@@ -152,13 +152,14 @@ fn gemm<B: Backend>(backend: &str, gpu: bool, iters: usize) {
     }
 }
 
-/// Runs `workload` on `B`, named `backend` in the report (`gpu`: a GPU backend).
+/// Runs `workload` on `B`, named `backend` in the report (`gpu`: a GPU backend); W1 with the
+/// attention `kernel` named `kernel_name` (reported as `backend/kernel_name` unless `auto`).
 fn run<B: Backend>(
     workload: &str,
     backend: &str,
     gpu: bool,
     iters: usize,
-    kernel: AttentionKernel,
+    (kernel, kernel_name): (AttentionKernel, &str),
 ) {
     assert!(
         workload == "w1" || kernel == AttentionKernel::Auto,
@@ -166,7 +167,7 @@ fn run<B: Backend>(
     );
     let label = match kernel {
         AttentionKernel::Auto => backend.to_string(),
-        other => format!("{backend}/{}", format!("{other:?}").to_lowercase()),
+        _ => format!("{backend}/{kernel_name}"),
     };
     match workload {
         "gemm" => gemm::<B>(backend, gpu, iters),
@@ -187,13 +188,15 @@ fn main() {
         Some(one) => vec![one],
         None => vec!["ndarray", "flex"],
     };
-    let kernel = match args.get(3).map_or("auto", String::as_str) {
+    let kernel_name = args.get(3).map_or("auto", String::as_str);
+    let kernel = match kernel_name {
         "auto" => AttentionKernel::Auto,
         "fused" => AttentionKernel::Fused,
         "decomposed" => AttentionKernel::Decomposed,
         "flex" => AttentionKernel::Flex,
         other => panic!("unknown kernel {other:?}: auto, fused, decomposed or flex"),
     };
+    let kernel = (kernel, kernel_name);
     for backend in backends {
         match backend {
             "ndarray" => run::<NdArray>(workload, backend, false, iters, kernel),

@@ -116,9 +116,8 @@ fn parity_wgpu() {
 /// burn's CUDA backend (`--features cuda`, an NVIDIA GPU). Its f32 matrix products that take the
 /// tensor cores run in TF32 (cubek-matmul 0.2 stages f32 operands as TF32 for its accelerated
 /// kernels on devices that have it: a 10-bit mantissa, unit roundoff 2⁻¹¹ ≈ 4.9e-4, as
-/// PyTorch's `allow_tf32`), so a product of
-/// unit-sized values over a few dozen terms is off by ~1e-3 where f32 is off by ~1e-6: 1e-2,
-/// where wgpu (f32 throughout) keeps 1e-4. Measured on an H100 on 2026-11-27: the blocks'
+/// PyTorch's `allow_tf32`), so a product of unit-sized values over a few dozen terms is off by
+/// ~1e-3 where f32 is off by ~1e-6: 1e-2, where wgpu (f32 throughout) keeps 1e-4. Measured on an H100 on 2026-11-27: the blocks'
 /// encoder output 1.8e-3 from PyTorch's (docs/benchmarks.md).
 #[cfg(feature = "cuda")]
 #[test]
