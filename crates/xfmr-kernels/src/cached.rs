@@ -17,9 +17,9 @@
 //! the same order: each dot product sums eight lane-wise partial sums (lane `l` takes columns
 //! `l, l + 8, …`), then the lanes left to right, then the products of the columns past the last
 //! whole eight (`d_k` not a multiple of 8); each output column sums `p_t · v_t` over
-//! positions in order from zero. The exponentials are [`exp_shifted`]'s. Compiled for AVX2
-//! when the CPU has it (chosen at run time; the same operations in the same
-//! order on both paths, so the result does not depend on the CPU).
+//! positions in order from zero. The exponentials are [`exp_shifted`]'s. Compiled for
+//! AVX-512 or AVX2 when the CPU has it (chosen at run time; the same operations in the same
+//! order on every path, so the result does not depend on the CPU).
 
 use crate::exp::exp_shifted;
 
@@ -97,6 +97,10 @@ pub fn attend_cached(
     );
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
+            return unsafe { attend_avx512(queries, head, scale, scores, Some(out)) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
             return unsafe { attend_avx2(queries, head, scale, scores, Some(out)) };
@@ -127,6 +131,10 @@ pub fn cached_probabilities(
     );
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
+            return unsafe { attend_avx512(queries, head, scale, scores, None) };
+        }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
             return unsafe { attend_avx2(queries, head, scale, scores, None) };
@@ -138,6 +146,19 @@ pub fn cached_probabilities(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn attend_avx2(
+    queries: &[f32],
+    head: CachedHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: Option<&mut [f32]>,
+) {
+    attend_portable(queries, head, scale, scores, out);
+}
+
+/// The same loops compiled for AVX-512: the values' sixteen columns in one register.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn attend_avx512(
     queries: &[f32],
     head: CachedHead<'_>,
     scale: f32,
@@ -338,8 +359,9 @@ mod tests {
         }
     }
 
-    /// The AVX2 path equals the portable one bit for bit (where the CPU has AVX2).
+    /// The AVX-512 and AVX2 paths equal the portable one bit for bit (where the CPU has them).
     #[test]
+    #[allow(unsafe_code)]
     fn attend_cached_is_the_same_on_every_path() {
         let (group, d_k, len, stride) = (3, 64, 50, 192);
         let keys = values(len * stride, 4);
@@ -359,6 +381,26 @@ mod tests {
         attend_portable(&queries, cache, 0.125, &mut s2, Some(&mut o2));
         assert_eq!(s1, s2);
         assert_eq!(o1, o2);
+        #[cfg(target_arch = "x86_64")]
+        for (path, available) in [
+            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
+            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
+        ] {
+            if !available {
+                eprintln!("attend_cached: this CPU has no {path}, its path is not compared");
+                continue;
+            }
+            let (mut s3, mut o3) = (Vec::new(), vec![0.0; group * d_k]);
+            // SAFETY: the CPU has the path's feature (checked above).
+            unsafe {
+                match path {
+                    "avx512f" => attend_avx512(&queries, cache, 0.125, &mut s3, Some(&mut o3)),
+                    _ => attend_avx2(&queries, cache, 0.125, &mut s3, Some(&mut o3)),
+                }
+            }
+            assert_eq!(s3, s2, "{path}");
+            assert_eq!(o3, o2, "{path}");
+        }
     }
 
     /// A cache shorter than the head claims is refused before anything is read.

@@ -300,7 +300,9 @@ impl QuantizedMatrix {
         // Task `t` computes weight rows `t·ROWS_PER_TASK..` (of all parts in turn) into
         // `out[k]`, its columns of row `k` of `y`.
         let task = |t: usize, out: &mut [&mut [f32]]| {
-            let mut unpacked = vec![Sub32::default(); subs];
+            // Only formats not read in place unpack (allocated on first use: most tasks of
+            // most products never need it).
+            let mut unpacked = Vec::new();
             let (mut part, mut r) = (0, t * ROWS_PER_TASK);
             let count = out[0].len();
             let mut i = 0;
@@ -352,6 +354,7 @@ impl QuantizedMatrix {
                     }
                 } else {
                     let per_block = m.format.subs();
+                    unpacked.resize(subs, Sub32::default());
                     for (block, dst) in row
                         .chunks_exact(m.format.block_bytes())
                         .zip(unpacked.chunks_exact_mut(per_block))
@@ -370,19 +373,21 @@ impl QuantizedMatrix {
                 .enumerate()
                 .for_each(|(t, out)| task(t, &mut [out]));
         } else {
-            // Each task's columns of every row of `y`: disjoint slices.
+            // Each task's columns of every row of `y` (disjoint slices), task by task in one
+            // allocation: task `t`'s are `columns[t·n..(t + 1)·n]`.
             let tasks = total.div_ceil(ROWS_PER_TASK);
-            let mut columns: Vec<Vec<&mut [f32]>> =
-                (0..tasks).map(|_| Vec::with_capacity(n)).collect();
-            for y_row in y.chunks_exact_mut(total) {
-                for (t, piece) in y_row.chunks_mut(ROWS_PER_TASK).enumerate() {
-                    columns[t].push(piece);
-                }
+            let mut rows: Vec<_> = y
+                .chunks_exact_mut(total)
+                .map(|y_row| y_row.chunks_mut(ROWS_PER_TASK))
+                .collect();
+            let mut columns: Vec<&mut [f32]> = Vec::with_capacity(tasks * n);
+            for _ in 0..tasks {
+                columns.extend(rows.iter_mut().map(|r| r.next().expect("a piece per task")));
             }
             columns
-                .into_par_iter()
+                .par_chunks_mut(n)
                 .enumerate()
-                .for_each(|(t, mut out)| task(t, &mut out));
+                .for_each(|(t, out)| task(t, out));
         }
     }
 }

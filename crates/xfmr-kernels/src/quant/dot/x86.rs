@@ -200,10 +200,12 @@ macro_rules! rows4_body {
 /// dword of a weight block (four quants) is broadcast to every lane and `$nibble(p, w, x)`
 /// adds to lane `c` of `p` the four `u8 × i8` products of `w` (nibbles, `w ≤ 15`) with
 /// activation row `c`'s four quants, `$nibble_sum` making the block's eight `i32` sums.
-/// `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds `Σ w·x` by the sign trick
-/// (`|w|·(sign(w)·x)`). Per block and weight row: the block's scales times the panel's, one
-/// multiply-add for the products and one for the offsets and minimums (`m·d_x·Σq_x`), all
-/// lanes at once; no horizontal sums.
+/// `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds `Σ (w + $q8_offset)·x`:
+/// `$q8_offset = 0` for the sign trick (`|w|·(sign(w)·x)`), 128 for VNNI's one product of
+/// `w ⊕ 0x80` (the quant as an unsigned byte, `w + 128`); the offset's share, `128·Σq_x`, is
+/// taken away with the minimums' term (`m = −128·d`, as `Q4_0`'s `−8·d`). Per block and weight
+/// row: the block's scales times the panel's, one multiply-add for the products and one for the
+/// offsets and minimums (`m·d_x·Σq_x`), all lanes at once; no horizontal sums.
 macro_rules! panel_body {
     (
         $format:expr,
@@ -211,7 +213,8 @@ macro_rules! panel_body {
         $panel:expr,
         $nibble:expr,
         $nibble_sum:expr,
-        $q8:expr $(,)?
+        $q8:expr,
+        $q8_offset:expr $(,)?
     ) => {{
         let (format, rows, panel): (BlockFormat, [&[u8]; 4], &[PanelBlock]) =
             ($format, $rows, $panel);
@@ -239,8 +242,16 @@ macro_rules! panel_body {
             $nibble_sum(p)
         };
         let mut acc = [_mm256_setzero_ps(); 4];
-        // `$products` gives the integer sums of block `i` of a row and `$scales` its (d, m):
-        // the row's contribution is `d·d_x·p + m·d_x·Σq_x`, lane by lane.
+        // A block's first two `f16` (its scale, then `Q4_1`'s minimum) as `f32` in every lane:
+        // `(d, second)`. One conversion of a broadcast dword gives `[d, second, d, second…]`;
+        // duplicating its even and odd lanes spreads each (the same exact conversion as one
+        // scalar at a time, in fewer operations than converting and broadcasting each).
+        let scales = |block: *const u8| {
+            let both = _mm256_cvtph_ps(_mm_set1_epi32(block.cast::<i32>().read_unaligned()));
+            (_mm256_moveldup_ps(both), _mm256_movehdup_ps(both))
+        };
+        // `$products` gives the integer sums of block `i` of a row and `$scales` its (d, m)
+        // in every lane: the row's contribution is `d·d_x·p + m·d_x·Σq_x`, lane by lane.
         macro_rules! each_block {
             ($size:literal, |$block:ident, $pb:ident| $products:expr, $scales:expr) => {{
                 assert!(rows.iter().all(|r| r.len() == nb * $size));
@@ -252,23 +263,23 @@ macro_rules! panel_body {
                         let $block: &[u8; $size] =
                             rows[r][i * $size..(i + 1) * $size].try_into().unwrap();
                         let p: __m256i = $products;
-                        let (d, m): (f32, f32) = $scales;
-                        let scale = _mm256_mul_ps(_mm256_set1_ps(d), dx);
+                        let (d, m): (__m256, __m256) = $scales;
+                        let scale = _mm256_mul_ps(d, dx);
                         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(m), sx, acc[r]);
+                        acc[r] = _mm256_fmadd_ps(m, sx, acc[r]);
                     }
                 }
             }};
         }
         match format {
             BlockFormat::Q4_0 => each_block!(18, |block, pb| nibbles(block.as_ptr().add(2), pb), {
-                let d = half(block[0], block[1]);
-                (d, -8.0 * d)
+                let (d, _) = scales(block.as_ptr());
+                (d, _mm256_mul_ps(d, _mm256_set1_ps(-8.0)))
             }),
             BlockFormat::Q4_1 => each_block!(
                 20,
                 |block, pb| nibbles(block.as_ptr().add(4), pb),
-                (half(block[0], block[1]), half(block[2], block[3]))
+                scales(block.as_ptr())
             ),
             _ => each_block!(
                 34,
@@ -280,7 +291,10 @@ macro_rules! panel_body {
                     }
                     p
                 },
-                (half(block[0], block[1]), 0.0)
+                {
+                    let (d, _) = scales(block.as_ptr());
+                    (d, _mm256_mul_ps(d, _mm256_set1_ps(-($q8_offset as f32))))
+                }
             ),
         }
         acc.map(|a| {
@@ -305,7 +319,8 @@ pub(super) unsafe fn panel_avx512vnni(
         panel,
         |p, w, x| _mm256_dpbusd_epi32(p, w, x),
         |p| p,
-        |p, w, x| _mm256_dpbusd_epi32(p, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+        |p, w, x| _mm256_dpbusd_epi32(p, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), x),
+        128,
     )
 }
 
@@ -323,7 +338,8 @@ pub(super) unsafe fn panel_avxvnni(
         panel,
         |p, w, x| _mm256_dpbusd_avx_epi32(p, w, x),
         |p| p,
-        |p, w, x| _mm256_dpbusd_avx_epi32(p, _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+        |p, w, x| _mm256_dpbusd_avx_epi32(p, _mm256_xor_si256(w, _mm256_set1_epi8(-128)), x),
+        128,
     )
 }
 
@@ -352,6 +368,7 @@ pub(super) unsafe fn panel_avx2(
                 _mm256_madd_epi16(_mm256_maddubs_epi16(w_abs, x_signed), ones),
             )
         },
+        0,
     )
 }
 
