@@ -7,6 +7,10 @@ clients' generated tokens divided by the wall time from the first request to the
 Several clients are decoded together (continuous batching), so the aggregate rate should grow
 with them. Standard library only.
 
+Every request's user message is new (numbered), so the server's prefix cache can only reuse
+what the prompts really share, the chat template's system prompt; `--repeat-prompts` sends the
+same eight messages every round (then a cached prompt is fed only its last token).
+
     xfmr serve --llm smollm2 --port 8080 &
     python benches/serve_load.py --base-url http://127.0.0.1:8080 --clients 1 4 8
 """
@@ -63,11 +67,22 @@ def stream_one(base, model, prompt, tokens, eos, out, i):
     out[i] = (start, first, time.perf_counter(), completion)
 
 
-def run(base, model, clients, tokens, eos):
+SENT = [0]
+
+
+def prompt(i, repeat):
+    text = PROMPTS[i % len(PROMPTS)]
+    if repeat:
+        return text
+    SENT[0] += 1
+    return f"Request {SENT[0]}: {text}"
+
+
+def run(base, model, clients, tokens, eos, repeat=False):
     out = [None] * clients
     threads = [
         threading.Thread(target=stream_one,
-                         args=(base, model, PROMPTS[i % len(PROMPTS)], tokens, eos, out, i))
+                         args=(base, model, prompt(i, repeat), tokens, eos, out, i))
         for i in range(clients)
     ]
     for t in threads:
@@ -89,6 +104,8 @@ def main():
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--eos-id", type=int, default=2, help="SmolLM2's <|im_end|>")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--repeat-prompts", action="store_true",
+                   help="the same eight user messages every round (not numbered)")
     args = p.parse_args()
     run(args.base_url, args.model, 1, 8, args.eos_id)  # warm-up
     base_rate = None
@@ -96,7 +113,8 @@ def main():
     for clients in args.clients:
         best = None
         for _ in range(args.rounds):
-            generated, seconds, first = run(args.base_url, args.model, clients, args.tokens, args.eos_id)
+            generated, seconds, first = run(args.base_url, args.model, clients, args.tokens,
+                                            args.eos_id, args.repeat_prompts)
             rate = generated / seconds
             if best is None or rate > best[2]:
                 best = (generated, seconds, rate, first)

@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// Seconds a connection may stay silent.
     #[arg(long, default_value_t = ServeConfig::default().idle_timeout.as_secs())]
     idle_timeout: u64,
+    /// MiB of earlier prompts' keys and values kept, so that a request beginning the same
+    /// way (the chat template's system prompt, earlier turns) skips those tokens; 0: none.
+    #[arg(long, default_value_t = ServeConfig::default().prefix_cache_bytes >> 20)]
+    prefix_cache_mib: usize,
 }
 
 /// The name a model given by path is served under: the path's file stem.
@@ -70,6 +74,7 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
         max_tokens: args.max_tokens.max(1),
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
+        prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
         ..ServeConfig::default()
     };
     let device = Default::default();

@@ -4,6 +4,12 @@
 //! prompt is fed in the step they join) and leave as soon as they finish or their client goes
 //! away; a request that finds every slot taken waits in a bounded queue, and beyond it is
 //! refused (429).
+//!
+//! Prompts' key/value caches are kept across requests ([`PrefixCache`], within
+//! `ServeConfig::prefix_cache_bytes`): a request starts from the longest prefix it shares with
+//! an earlier prompt or conversation (the chat template's system prompt, the turns before),
+//! and only the rest of its prompt is fed. What a request has been fed is kept after its
+//! prompt's step and again when it ends.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,7 +18,7 @@ use std::sync::Arc;
 use std::thread;
 
 use tokio::sync::mpsc::UnboundedSender;
-use xfmr_llm::quantized::{Scratch, SequenceCache};
+use xfmr_llm::quantized::{PrefixCache, Scratch, SequenceCache};
 use xfmr_llm::{GgufTokenizer, QuantizedLlama, TextStream};
 use xfmr_models::generate::TokenChooser;
 
@@ -48,6 +54,9 @@ pub enum Event {
         finish: Finish,
         /// Tokens generated (the end token not counted).
         completion_tokens: usize,
+        /// Prompt tokens whose keys and values came from the prefix cache (OpenAI's
+        /// `usage.prompt_tokens_details.cached_tokens`).
+        cached_tokens: usize,
     },
     /// The model failed; the request ends here (the server goes on).
     Failed(String),
@@ -82,6 +91,8 @@ pub(crate) struct Stats {
     pub largest_batch: AtomicUsize,
     /// Decoding steps taken.
     pub steps: AtomicUsize,
+    /// Prompt tokens that were not fed, their keys and values taken from the prefix cache.
+    pub cached_tokens: AtomicUsize,
     /// Whether the decoding thread has ended (a panic outside a request's own guarded work):
     /// the server can no longer generate, and `GET /health` says so.
     pub stopped: AtomicBool,
@@ -109,12 +120,14 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// Starts the decoding thread: at most `max_batch` requests decode together, at most
-    /// `max_waiting` more wait.
+    /// `max_waiting` more wait, at most `prefix_cache_bytes` of earlier prompts' keys and
+    /// values are kept.
     pub fn spawn(
         model: Arc<QuantizedLlama>,
         tokenizer: Arc<GgufTokenizer>,
         max_batch: usize,
         max_waiting: usize,
+        prefix_cache_bytes: usize,
     ) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel();
         let load = Arc::new(AtomicUsize::new(0));
@@ -129,6 +142,7 @@ impl Engine {
                     &tokenizer,
                     rx,
                     max_batch.max(1),
+                    PrefixCache::new(prefix_cache_bytes),
                     &thread_load,
                     &thread_stats,
                 )
@@ -167,8 +181,13 @@ impl Engine {
 struct Active<'t> {
     job: Job,
     cache: SequenceCache,
-    /// What the next step feeds: the prompt, then each chosen token.
+    /// What the next step feeds: the prompt (what the prefix cache did not give), then each
+    /// chosen token.
     feed: Vec<u32>,
+    /// Prompt positions restored from the prefix cache.
+    cached: usize,
+    /// Whether the next step feeds (the rest of) the prompt.
+    prefill: bool,
     text: TextStream<'t>,
     /// Text not yet sent: it might be the start of a stop string.
     held: String,
@@ -208,6 +227,7 @@ impl Active<'_> {
         self.send(Event::Done {
             finish,
             completion_tokens: self.generated,
+            cached_tokens: self.cached,
         });
         self.done = true;
     }
@@ -276,20 +296,23 @@ impl Active<'_> {
     }
 }
 
-fn decode_loop(
+/// A request's first state: its cache started from the longest prefix of its prompt that the
+/// prefix cache holds, the rest of the prompt to feed.
+fn admit<'t>(
+    job: Job,
     model: &QuantizedLlama,
-    tokenizer: &GgufTokenizer,
-    jobs: Receiver<Job>,
-    max_batch: usize,
-    load: &AtomicUsize,
+    tokenizer: &'t GgufTokenizer,
+    prefixes: &mut PrefixCache,
     stats: &Stats,
-) {
-    let vocab = model.config.vocab_size;
-    let mut scratch = Scratch::new();
-    let mut active: Vec<Active<'_>> = Vec::new();
-    let admit = |job: Job| Active {
-        cache: model.sequence(job.prompt.len() + job.max_tokens),
-        feed: job.prompt.clone(),
+) -> Active<'t> {
+    let mut cache = model.sequence(job.prompt.len() + job.max_tokens);
+    let cached = prefixes.restore(&job.prompt, &mut cache);
+    stats.cached_tokens.fetch_add(cached, Ordering::SeqCst);
+    Active {
+        cache,
+        feed: job.prompt[cached..].to_vec(),
+        cached,
+        prefill: true,
         text: tokenizer.stream(),
         held: String::new(),
         emitted: String::new(),
@@ -297,18 +320,44 @@ fn decode_loop(
         generated: 0,
         done: false,
         job,
-    };
+    }
+}
+
+/// Keeps what `a` has been fed (its prompt, then the tokens it chose) for later requests.
+fn keep(a: &Active<'_>, prefixes: &mut PrefixCache) {
+    if a.prefill {
+        return prefixes.store(&a.job.prompt, &a.cache);
+    }
+    let fed = a.cache.len().saturating_sub(a.job.prompt.len());
+    let mut tokens = Vec::with_capacity(a.cache.len());
+    tokens.extend_from_slice(&a.job.prompt);
+    tokens.extend_from_slice(&a.tokens[..fed.min(a.tokens.len())]);
+    prefixes.store(&tokens, &a.cache);
+}
+
+fn decode_loop(
+    model: &QuantizedLlama,
+    tokenizer: &GgufTokenizer,
+    jobs: Receiver<Job>,
+    max_batch: usize,
+    mut prefixes: PrefixCache,
+    load: &AtomicUsize,
+    stats: &Stats,
+) {
+    let vocab = model.config.vocab_size;
+    let mut scratch = Scratch::new();
+    let mut active: Vec<Active<'_>> = Vec::new();
     loop {
         // Join: wait when idle, else take whoever is waiting, up to the batch size.
         if active.is_empty() {
             match jobs.recv() {
-                Ok(job) => active.push(admit(job)),
+                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes, stats)),
                 Err(_) => return,
             }
         }
         while active.len() < max_batch {
             match jobs.try_recv() {
-                Ok(job) => active.push(admit(job)),
+                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes, stats)),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if active.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
@@ -334,10 +383,10 @@ fn decode_loop(
                 .iter_mut()
                 .map(|a| (&mut a.cache, a.feed.as_slice()))
                 .collect();
-            model.forward_batch(&mut batch, &mut scratch)
+            model.forward_batch_in(&mut batch, &mut scratch).map(|_| ())
         }));
-        let mut logits = match step {
-            Ok(Ok(logits)) => logits,
+        match step {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 fail_all(&mut active, load, stats, &e.to_string());
                 continue;
@@ -352,16 +401,24 @@ fn decode_loop(
                 );
                 continue;
             }
-        };
+        }
+        let logits = scratch.logits_mut();
         for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
+            if a.prefill {
+                keep(a, &mut prefixes);
+            }
             // One request's failure (a panic in its sampling or detokenising) ends that
             // request only.
             let outcome = catch_unwind(AssertUnwindSafe(|| a.advance(row, tokenizer)));
+            a.prefill = false;
             if outcome.is_err() {
                 a.send(Event::Failed(
                     "choosing the next token failed (it panicked)".into(),
                 ));
                 a.done = true;
+            }
+            if a.done {
+                keep(a, &mut prefixes);
             }
         }
         let before = active.len();

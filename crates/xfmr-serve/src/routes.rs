@@ -93,6 +93,7 @@ async fn health<B: Backend>(State(state): State<Arc<AppState<B>>>) -> Response {
             "waiting": llm.engine.load().saturating_sub(active),
             "completed": get(&s.completed), "cancelled": get(&s.cancelled),
             "largest_batch": get(&s.largest_batch), "steps": get(&s.steps),
+            "cached_tokens": get(&s.cached_tokens),
             "decoding": !stopped});
         if stopped {
             body["status"] = json!("error");
@@ -404,12 +405,13 @@ fn submit<B: Backend>(
     Ok((rx, ids.len()))
 }
 
-/// All of a request's text, its end and its token count, within `timeout`.
+/// All of a request's text, its end, its token count and its prompt tokens taken from the
+/// prefix cache, within `timeout`.
 async fn collect(
     mut rx: UnboundedReceiver<Event>,
     deadline: Instant,
     timeout: Duration,
-) -> Result<(String, Finish, usize), ApiError> {
+) -> Result<(String, Finish, usize, usize), ApiError> {
     let mut text = String::new();
     loop {
         match tokio::time::timeout_at(deadline, rx.recv()).await {
@@ -419,15 +421,19 @@ async fn collect(
             Ok(Some(Event::Done {
                 finish,
                 completion_tokens,
-            })) => return Ok((text, finish, completion_tokens)),
+                cached_tokens,
+            })) => return Ok((text, finish, completion_tokens, cached_tokens)),
             Ok(Some(Event::Failed(message))) => return Err(ApiError::internal(message)),
         }
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+/// OpenAI's `usage`: `cached` of the prompt's tokens were not fed, their keys and values taken
+/// from the prefix cache.
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// The shape of one endpoint's stream chunks.
@@ -522,11 +528,12 @@ fn event_stream(
                     Event::Done {
                         finish,
                         completion_tokens,
+                        cached_tokens,
                     } => {
                         st.rx = None;
                         st.pending.push(SseEvent::default().data("[DONE]"));
                         if include_usage {
-                            let u = usage(prompt_tokens, completion_tokens);
+                            let u = usage(prompt_tokens, completion_tokens, cached_tokens);
                             st.pending.push(chunk(Vec::new(), Some(u)));
                         }
                         st.pending.push(chunk(
@@ -639,13 +646,13 @@ async fn chat<B: Backend>(
         );
         return Ok(Sse::new(events).into_response());
     }
-    let (text, finish, completion) = collect(rx, Instant::now() + timeout, timeout).await?;
+    let (text, finish, completion, cached) = collect(rx, Instant::now() + timeout, timeout).await?;
     Ok(Json(json!({
         "id": request_id("chatcmpl"), "object": "chat.completion", "created": unix_now(),
         "model": model, "system_fingerprint": null,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "finish_reason": finish.as_str(), "logprobs": null}],
-        "usage": usage(prompt_tokens, completion),
+        "usage": usage(prompt_tokens, completion, cached),
     }))
     .into_response())
 }
@@ -703,12 +710,14 @@ async fn completions<B: Backend>(
             submit(&state, p, &param, &settings)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let (mut choices, mut prompt_total, mut completion_total) = (Vec::new(), 0, 0);
+    let (mut choices, mut prompt_total, mut completion_total, mut cached_total) =
+        (Vec::new(), 0, 0, 0);
     let deadline = Instant::now() + timeout;
     for (index, (rx, prompt_tokens)) in submitted.into_iter().enumerate() {
-        let (text, finish, completion) = collect(rx, deadline, timeout).await?;
+        let (text, finish, completion, cached) = collect(rx, deadline, timeout).await?;
         prompt_total += prompt_tokens;
         completion_total += completion;
+        cached_total += cached;
         choices.push(
             json!({"index": index, "text": text, "finish_reason": finish.as_str(),
                             "logprobs": null}),
@@ -716,7 +725,7 @@ async fn completions<B: Backend>(
     }
     Ok(Json(json!({
         "id": request_id("cmpl"), "object": "text_completion", "created": unix_now(),
-        "model": model, "choices": choices, "usage": usage(prompt_total, completion_total),
+        "model": model, "choices": choices, "usage": usage(prompt_total, completion_total, cached_total),
     }))
     .into_response())
 }

@@ -18,7 +18,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix, Sub32};
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter};
-use xfmr_llm::quantized::Activations;
+use xfmr_llm::quantized::{Activations, PrefixCache, Scratch};
 use xfmr_llm::{LanguageModel, QuantizedLinear, QuantizedLlama};
 use xfmr_models::{BeamOptions, GenerationOptions, IncrementalDecoder, Strategy};
 use xfmr_testing::{assert_close_slices, to_vec, Fixture, TestRng};
@@ -484,4 +484,96 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
         false,
     );
     assert!(err.is_err(), "a token outside the vocabulary was fed");
+}
+
+/// The logits after `prompt` fed to a fresh cache of `q` in one step, starting from what
+/// `prefixes` restores; and how many positions were restored.
+fn logits_after(
+    q: &QuantizedLlama,
+    prefixes: &mut PrefixCache,
+    prompt: &[u32],
+) -> (Vec<f32>, usize) {
+    let mut cache = q.sequence(prompt.len());
+    let reused = prefixes.restore(prompt, &mut cache);
+    let logits = q
+        .forward_batch(&mut [(&mut cache, &prompt[reused..])], &mut Scratch::new())
+        .unwrap();
+    assert_eq!(cache.len(), prompt.len());
+    prefixes.store(prompt, &cache);
+    (logits, reused)
+}
+
+/// Prefix caching on the tiny file (quantised activations, the serving path): a prompt
+/// restored from a kept sequence it shares a prefix with, then fed the rest, gives the logits
+/// of the whole prompt fed at once (within 1e-5 of their largest magnitude: a different number
+/// of rows per product may take another kernel, which sums in another order) and the same
+/// greedy token; the longest shared prefix is taken and the prompt's last token is always fed;
+/// kept sequences extended are replaced, and the least recently used go beyond the budget.
+#[test]
+fn prefix_cache_restores_shared_prefixes_as_if_fed() {
+    let g = Gguf::parse(crate::tiny::tiny_gguf(8)).unwrap();
+    let lm = LanguageModel::<NdArray>::from_gguf(&g, &Default::default()).unwrap();
+    let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id).unwrap();
+    let vocab = q.config.vocab_size as u32;
+    let tokens = |seed: u32, n: usize| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (seed * 31 + 7 * i + 3) % vocab)
+            .collect()
+    };
+    let system = tokens(1, 11);
+    let with = |tail: &[u32]| [system.as_slice(), tail].concat();
+    let (a, b) = (with(&tokens(2, 6)), with(&tokens(3, 9)));
+    let argmax = |v: &[f32]| (0..v.len()).max_by(|&i, &j| v[i].total_cmp(&v[j])).unwrap();
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let scale = want.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
+        let shape = [want.len()];
+        assert_close_slices(
+            &wide(got),
+            &shape,
+            &wide(want),
+            &shape,
+            1e-5 * scale,
+            0.0,
+            what,
+        );
+        assert_eq!(argmax(got), argmax(want), "{what}: greedy token");
+    };
+
+    let mut none = PrefixCache::new(0);
+    let (want_a, reused) = logits_after(&q, &mut none, &a);
+    assert_eq!((reused, none.len()), (0, 0), "a budget of 0 keeps nothing");
+    let (want_b, _) = logits_after(&q, &mut none, &b);
+
+    let entry =
+        |n: usize| n * q.config.n_layers * 2 * q.config.n_kv_heads * q.config.d_k() * 4 + n * 4;
+    let mut prefixes = PrefixCache::new(2 * entry(b.len()));
+    let (got_a, reused) = logits_after(&q, &mut prefixes, &a);
+    assert_eq!(reused, 0, "nothing kept yet");
+    close(&got_a, &want_a, "a, fed whole");
+    assert_eq!((prefixes.len(), prefixes.bytes()), (1, entry(a.len())));
+    let (got_b, reused) = logits_after(&q, &mut prefixes, &b);
+    let shared = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    assert!(shared >= system.len());
+    assert_eq!(reused, shared, "b starts from what it shares with a");
+    close(&got_b, &want_b, "b after the shared prefix");
+    let (again, reused) = logits_after(&q, &mut prefixes, &a);
+    assert_eq!(reused, a.len() - 1, "a kept prompt: all but its last token");
+    close(&again, &want_a, "a again");
+
+    // `a` extended replaces `a`; a third sequence then evicts the least recently used (`b`).
+    let longer = [a.as_slice(), &tokens(4, 3)].concat();
+    logits_after(&q, &mut prefixes, &longer);
+    assert_eq!(prefixes.len(), 2, "the extension replaced a");
+    assert_eq!(prefixes.bytes(), entry(longer.len()) + entry(b.len()));
+    let other = tokens(5, 12);
+    let (_, reused) = logits_after(&q, &mut prefixes, &other);
+    assert_eq!(reused, 0);
+    assert_eq!(prefixes.len(), 2, "within the budget of two");
+    let mut probe = q.sequence(b.len());
+    assert_eq!(
+        prefixes.restore(&b, &mut probe),
+        shared,
+        "b was evicted: only what it shares with the extended a is found"
+    );
 }

@@ -198,6 +198,61 @@ fn serve_completions_equal_the_library_greedy_decoding() {
     assert_eq!(r["choices"][1]["index"], 1);
 }
 
+/// Prefix caching across requests: a prompt that begins as an earlier one did is fed only the
+/// rest (`usage.prompt_tokens_details.cached_tokens` says how many were not, `/health` counts
+/// them), its whole conversation is kept when it ends, and the text is the library's greedy
+/// decoding with or without the cache.
+#[test]
+fn serve_prefix_cache_skips_shared_prompt_tokens_and_changes_no_text() {
+    let lm = tiny_lm();
+    let ids = |text: &str| lm.tokenizer.encode(text).unwrap();
+    let shared_len = |a: &[u32], b: &[u32]| {
+        let n = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        n.min(b.len() - 1)
+    };
+    let (first, second) = ("hello there the hello", "hello there hello the");
+    let complete = |addr: SocketAddr, prompt: &str| {
+        let body = json!({"model": LLM, "prompt": prompt, "max_tokens": 8, "temperature": 0});
+        let r = post(addr, "/v1/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.json());
+        let r = r.json();
+        assert_eq!(
+            r["choices"][0]["text"],
+            library_greedy(prompt, 8),
+            "{prompt:?}: {r}"
+        );
+        r["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap() as usize
+    };
+    let server = start(ServeConfig::default());
+    let addr = server.addr();
+    assert_eq!(complete(addr, first), 0, "a fresh server has nothing kept");
+    let expected = shared_len(&ids(first), &ids(second));
+    assert!(expected > 0, "the two prompts share a prefix");
+    assert_eq!(
+        complete(addr, second),
+        expected,
+        "the prefix shared with the first"
+    );
+    assert_eq!(
+        complete(addr, first),
+        ids(first).len() - 1,
+        "the first prompt again: all but its last token"
+    );
+    let health = get(addr, "/health").json();
+    assert_eq!(
+        health["llm"]["cached_tokens"].as_u64().unwrap() as usize,
+        expected + ids(first).len() - 1
+    );
+    let off = start(ServeConfig {
+        prefix_cache_bytes: 0,
+        ..ServeConfig::default()
+    });
+    assert_eq!(complete(off.addr(), first), 0);
+    assert_eq!(complete(off.addr(), first), 0, "no cache, nothing reused");
+}
+
 #[test]
 fn serve_chat_uses_the_template_and_streams_chunk_by_chunk() {
     let addr = shared();
