@@ -9,7 +9,7 @@
 //! `ServeConfig::prefix_cache_bytes`): a request starts from the longest prefix it shares with
 //! an earlier prompt or conversation (the chat template's system prompt, the turns before),
 //! and only the rest of its prompt is fed. What a request has been fed is kept after its
-//! prompt's step and again when it ends.
+//! prompt's step and again when it ends or its client leaves (not after a failed step).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -303,11 +303,9 @@ fn admit<'t>(
     model: &QuantizedLlama,
     tokenizer: &'t GgufTokenizer,
     prefixes: &mut PrefixCache,
-    stats: &Stats,
 ) -> Active<'t> {
     let mut cache = model.sequence(job.prompt.len() + job.max_tokens);
     let cached = prefixes.restore(&job.prompt, &mut cache);
-    stats.cached_tokens.fetch_add(cached, Ordering::SeqCst);
     Active {
         cache,
         feed: job.prompt[cached..].to_vec(),
@@ -351,21 +349,28 @@ fn decode_loop(
         // Join: wait when idle, else take whoever is waiting, up to the batch size.
         if active.is_empty() {
             match jobs.recv() {
-                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes, stats)),
+                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes)),
                 Err(_) => return,
             }
         }
         while active.len() < max_batch {
             match jobs.try_recv() {
-                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes, stats)),
+                Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes)),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if active.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
             }
         }
-        // Leave: clients that went away free their slot before the step.
+        // Leave: clients that went away free their slot before the step (what they were fed
+        // is kept).
         let before = active.len();
-        active.retain(|a| !a.job.events.is_closed());
+        active.retain(|a| {
+            let gone = a.job.events.is_closed();
+            if gone {
+                keep(a, &mut prefixes);
+            }
+            !gone
+        });
         load.fetch_sub(before - active.len(), Ordering::SeqCst);
         stats
             .cancelled
@@ -405,6 +410,7 @@ fn decode_loop(
         let logits = scratch.logits_mut();
         for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
             if a.prefill {
+                stats.cached_tokens.fetch_add(a.cached, Ordering::SeqCst);
                 keep(a, &mut prefixes);
             }
             // One request's failure (a panic in its sampling or detokenising) ends that

@@ -94,7 +94,7 @@ pub struct ServeConfig {
     /// and how long a request's whole body may take to arrive (then a 408).
     pub idle_timeout: Duration,
     /// Bytes of earlier prompts' keys and values kept for later requests that begin the same
-    /// way ([`xfmr_llm::quantized::PrefixCache`]; 0 keeps none). SmolLM2-135M's take 46 KiB
+    /// way ([`xfmr_llm::quantized::PrefixCache`]; 0 keeps none). SmolLM2-135M's take 45 KiB
     /// per token.
     pub prefix_cache_bytes: usize,
 }

@@ -127,7 +127,8 @@ impl Scratch {
     }
 
     /// The logits of the last step of [`QuantizedLlama::forward_batch_in`], `[sequences,
-    /// vocab]` row-major (empty before the first).
+    /// vocab]` row-major (empty before the first, and after a step of
+    /// [`forward_batch`](QuantizedLlama::forward_batch), which takes them).
     pub fn logits_mut(&mut self) -> &mut [f32] {
         &mut self.logits
     }

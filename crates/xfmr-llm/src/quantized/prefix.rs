@@ -85,8 +85,9 @@ impl PrefixCache {
     /// token to be fed (the step that feeds it gives the logits that follow the prompt).
     /// Returns how many positions were reused: feed `&prompt[reused..]` next.
     ///
-    /// A cache that is not empty, or a kept sequence from a model of another shape, is left
-    /// alone (0).
+    /// A cache that is not empty is left alone (0). One `PrefixCache` serves one model: kept
+    /// sequences with another number of layers are passed over, but rows of another width are
+    /// not detected.
     ///
     /// [`QuantizedLlama::sequence`]: super::QuantizedLlama::sequence
     pub fn restore(&mut self, prompt: &[u32], cache: &mut SequenceCache) -> usize {
@@ -114,7 +115,10 @@ impl PrefixCache {
         if shared == 0 {
             return 0;
         }
-        let row = entry.keys[0].len() / entry.tokens.len();
+        let Some(first) = entry.keys.first() else {
+            return 0;
+        };
+        let row = first.len() / entry.tokens.len();
         for (to, from) in cache.keys.iter_mut().zip(&entry.keys) {
             to.extend_from_slice(&from[..shared * row]);
         }
@@ -127,15 +131,21 @@ impl PrefixCache {
         shared
     }
 
-    /// Keeps the keys and values of the tokens `cache` has been fed (`tokens`: all of them,
-    /// or their first `cache.len()`; fewer are ignored). A kept sequence that begins with
-    /// these tokens already holds them (nothing is added); kept sequences that these tokens
-    /// extend are replaced. Then the least recently used go until the rest fit.
+    /// Keeps the keys and values of the tokens `cache` has been fed: `tokens` starts with
+    /// them (its first `cache.len()` are used; given fewer, nothing is kept). A kept sequence
+    /// that begins with these tokens already holds them (nothing is added); kept sequences
+    /// that these tokens extend are replaced. Then the least recently used go until the rest
+    /// fit. A sequence larger than the whole budget is not kept (nor copied).
     pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache) {
         if cache.skip != 0 || cache.len == 0 || tokens.len() < cache.len {
             return;
         }
         let tokens = &tokens[..cache.len];
+        let floats: usize = cache.keys.iter().chain(&cache.values).map(Vec::len).sum();
+        let size = (floats + tokens.len()) * 4;
+        if size > self.max_bytes {
+            return;
+        }
         self.clock += 1;
         if let Some(e) = self
             .entries
@@ -151,10 +161,7 @@ impl PrefixCache {
             values: cache.values.clone(),
             used: self.clock,
         };
-        let size = entry.bytes();
-        if size > self.max_bytes {
-            return;
-        }
+        debug_assert_eq!(entry.bytes(), size);
         let mut freed = 0;
         self.entries.retain(|e| {
             let covered = tokens.starts_with(&e.tokens);

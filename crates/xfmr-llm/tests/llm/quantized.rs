@@ -560,6 +560,19 @@ fn prefix_cache_restores_shared_prefixes_as_if_fed() {
     let (again, reused) = logits_after(&q, &mut prefixes, &a);
     assert_eq!(reused, a.len() - 1, "a kept prompt: all but its last token");
     close(&again, &want_a, "a again");
+    assert_eq!(
+        (prefixes.len(), prefixes.bytes()),
+        (2, entry(a.len()) + entry(b.len())),
+        "a stored again is not kept twice"
+    );
+    let mut fed = q.sequence(a.len());
+    q.forward_batch(&mut [(&mut fed, &a[..3])], &mut Scratch::new())
+        .unwrap();
+    assert_eq!(prefixes.restore(&a, &mut fed), 0, "a cache already fed");
+    assert_eq!(fed.len(), 3, "left alone");
+    let mut default = PrefixCache::default();
+    default.store(&a, &fed);
+    assert!(default.is_empty(), "the default budget is 0");
 
     // `a` extended replaces `a`; a third sequence then evicts the least recently used (`b`).
     let longer = [a.as_slice(), &tokens(4, 3)].concat();

@@ -203,7 +203,11 @@ macro_rules! rows4_body {
 /// `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds `Σ (w + $q8_offset)·x`:
 /// `$q8_offset = 0` for the sign trick (`|w|·(sign(w)·x)`), 128 for VNNI's one product of
 /// `w ⊕ 0x80` (the quant as an unsigned byte, `w + 128`); the offset's share, `128·Σq_x`, is
-/// taken away with the minimums' term (`m = −128·d`, as `Q4_0`'s `−8·d`). Per block and weight
+/// taken away with the minimums' term (`m = −128·d`, as `Q4_0`'s `−8·d`): exact in the integers
+/// (no saturation; a block's sum stays below 2²⁴, so its `f32` is exact too), but the offset's
+/// share cancels between two differently rounded products, adding up to ~2⁻²³·128·|d·d_x·Σq_x|
+/// per block (within the products' tested bound; the VNNI and AVX2 results of `Q8_0` panels
+/// need not agree bit for bit). Per block and weight
 /// row: the block's scales times the panel's, one multiply-add for the products and one for the
 /// offsets and minimums (`m·d_x·Σq_x`), all lanes at once; no horizontal sums.
 macro_rules! panel_body {
