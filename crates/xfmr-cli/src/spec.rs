@@ -75,6 +75,16 @@ impl Preset {
         }
     }
 
+    /// The warm-up and schedule factor `--warmup` and `--lr-factor` default to: 800 and the
+    /// paper's 1 for `cpu` translation (measured on its ten-minute run, docs/training.md),
+    /// 300 and 0.3 for the rest (the recipe of before, not measured again).
+    fn schedule(self, task: Task) -> (usize, f64) {
+        match (self, task) {
+            (Self::Cpu, Task::Translation) => (800, 1.0),
+            _ => (300, 0.3),
+        }
+    }
+
     fn widths(self) -> (usize, usize, usize, usize) {
         let t = self.translation(8);
         let l = t.layer;
@@ -140,13 +150,14 @@ impl TrainArgs {
         if self.steps.is_none() && self.minutes == 0.0 {
             bail!("--minutes 0 without --steps: the run would have no end");
         }
+        let (warmup, lr_factor) = self.preset.schedule(self.task);
         Ok(TrainConfig::new()
             .with_steps(self.steps.unwrap_or(usize::MAX))
             .with_minutes((self.minutes != 0.0).then_some(self.minutes))
             .with_max_tokens(self.max_tokens)
             .with_accumulate(self.accumulate)
-            .with_warmup(self.warmup)
-            .with_lr_factor(self.lr_factor)
+            .with_warmup(self.warmup.unwrap_or(warmup))
+            .with_lr_factor(self.lr_factor.unwrap_or(lr_factor))
             .with_decay(match self.decay {
                 crate::train::DecayArg::InverseSqrt => None,
                 crate::train::DecayArg::Linear => Some(xfmr_train::Decay::Linear),
@@ -265,5 +276,16 @@ mod tests {
         assert_eq!(Preset::Small.dropout(Task::Translation), 0.1);
         assert_eq!(Preset::Base.dropout(Task::Mlm), 0.1);
         assert_eq!(Preset::Big.dropout(Task::Translation), 0.3);
+    }
+
+    /// `--warmup` and `--lr-factor`'s defaults: the measured recipe for the `cpu` translation
+    /// run only.
+    #[test]
+    fn schedule_defaults_to_the_presets() {
+        assert_eq!(Preset::Cpu.schedule(Task::Translation), (800, 1.0));
+        assert_eq!(Preset::Cpu.schedule(Task::Lm), (300, 0.3));
+        assert_eq!(Preset::Cpu.schedule(Task::Mlm), (300, 0.3));
+        assert_eq!(Preset::Tiny.schedule(Task::Translation), (300, 0.3));
+        assert_eq!(Preset::Small.schedule(Task::Translation), (300, 0.3));
     }
 }

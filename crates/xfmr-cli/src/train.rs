@@ -75,16 +75,19 @@ pub struct TrainArgs {
     /// Micro-batches per optimizer step.
     #[arg(long, default_value_t = 1)]
     pub accumulate: usize,
-    /// Warm-up steps (paper: 4000 over 100k steps). The default 300, with --lr-factor 0.3,
-    /// peaks at 1.5e-3 for d_model 128: measured better than 150 (a 2.2e-3 peak) in ten
-    /// minutes on two cores (docs/training.md).
-    #[arg(long, default_value_t = 300)]
-    pub warmup: usize,
-    /// Multiplier of the warm-up / inverse-square-root schedule (paper: 1, with warm-up 4000
-    /// and d_model 512). The default 0.3 keeps the peak rate of the small presets' short
-    /// warm-up stable (docs/training.md).
-    #[arg(long, default_value_t = 0.3)]
-    pub lr_factor: f64,
+    /// Warm-up steps (paper: 4000 over 100k steps). Default: 800 for the `cpu` preset's
+    /// translation run, which with --lr-factor 1 peaks at 3.1e-3 for d_model 128 and is still
+    /// 1.5e-3 at the end of its ten minutes (measured 28.9 test BLEU, beam, against 23.4-24.0
+    /// with warm-up 300 at factor 0.3, a 1.5e-3 peak; docs/training.md); 300 otherwise (the
+    /// other runs were not measured again).
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Multiplier of the warm-up / inverse-square-root schedule, `factor · d_model^-0.5 ·
+    /// min(step^-0.5, step · warmup^-1.5)` (paper: 1). Default: 1 for the `cpu` preset's
+    /// translation run (with warm-up 800), 0.3 otherwise. Factor 1 with a warm-up of only 150
+    /// peaks at 7.2e-3, where the `cpu` preset diverged (docs/training.md).
+    #[arg(long)]
+    pub lr_factor: Option<f64>,
     /// The learning rate after warm-up: `inverse-sqrt`, the paper's (no end); `linear` falls to
     /// zero at the end of the budget (--minutes, or --steps: the budget sets the schedule's
     /// length), measured worse for the default ten-minute run (docs/training.md). Part of the

@@ -179,7 +179,7 @@ fn parallel_run_args(dir: &std::path::Path, data: &str, steps: usize) -> Vec<Str
         .with_steps(steps)
         .with_max_tokens(400)
         .with_warmup(4)
-        .with_lr_factor(0.3) // the CLI's default
+        .with_lr_factor(0.3) // the CLI's default for `tiny`
         .with_epsilon(0.1)
         .with_checkpoint_every(3)
         .with_keep_checkpoints(2)
