@@ -79,7 +79,6 @@ impl CachedHead<'_> {
 ///
 /// # Panics
 /// When `queries` or `out` is not `[group, d_k]` or the cache is shorter than `head` says.
-#[allow(unsafe_code)]
 pub fn attend_cached(
     queries: &[f32],
     head: CachedHead<'_>,
@@ -95,18 +94,7 @@ pub fn attend_cached(
         out.len(),
         head.d_k
     );
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
-            return unsafe { attend_avx512(queries, head, scale, scores, Some(out)) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { attend_avx2(queries, head, scale, scores, Some(out)) };
-        }
-    }
-    attend_portable(queries, head, scale, scores, Some(out));
+    attend(queries, head, scale, scores, Some(out));
 }
 
 /// The probabilities of [`attend_cached`] alone: `scores ← softmax(scale · K q_j)` for each
@@ -115,7 +103,6 @@ pub fn attend_cached(
 ///
 /// # Panics
 /// When `queries` is not `[group, d_k]` or the cache is shorter than `head` says.
-#[allow(unsafe_code)]
 pub fn cached_probabilities(
     queries: &[f32],
     head: CachedHead<'_>,
@@ -129,18 +116,31 @@ pub fn cached_probabilities(
         queries.len(),
         head.d_k
     );
+    attend(queries, head, scale, scores, None);
+}
+
+/// The kernel on the widest path this CPU has (the callers checked the shapes): the
+/// AVX-512 or AVX2 copy, else the portable loops.
+#[allow(unsafe_code)]
+fn attend(
+    queries: &[f32],
+    head: CachedHead<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: Option<&mut [f32]>,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
-            return unsafe { attend_avx512(queries, head, scale, scores, None) };
+            return unsafe { attend_avx512(queries, head, scale, scores, out) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { attend_avx2(queries, head, scale, scores, None) };
+            return unsafe { attend_avx2(queries, head, scale, scores, out) };
         }
     }
-    attend_portable(queries, head, scale, scores, None);
+    attend_portable(queries, head, scale, scores, out);
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -186,8 +186,6 @@ struct Active<'t> {
     feed: Vec<u32>,
     /// Prompt positions restored from the prefix cache.
     cached: usize,
-    /// Whether the next step feeds (the rest of) the prompt.
-    prefill: bool,
     text: TextStream<'t>,
     /// Text not yet sent: it might be the start of a stop string.
     held: String,
@@ -310,7 +308,6 @@ fn admit<'t>(
         cache,
         feed: job.prompt[cached..].to_vec(),
         cached,
-        prefill: true,
         text: tokenizer.stream(),
         held: String::new(),
         emitted: String::new(),
@@ -323,10 +320,10 @@ fn admit<'t>(
 
 /// Keeps what `a` has been fed (its prompt, then the tokens it chose) for later requests.
 fn keep(a: &Active<'_>, prefixes: &mut PrefixCache) {
-    if a.prefill {
+    let fed = a.cache.len().saturating_sub(a.job.prompt.len());
+    if fed == 0 {
         return prefixes.store(&a.job.prompt, &a.cache);
     }
-    let fed = a.cache.len().saturating_sub(a.job.prompt.len());
     let mut tokens = Vec::with_capacity(a.cache.len());
     tokens.extend_from_slice(&a.job.prompt);
     tokens.extend_from_slice(&a.tokens[..fed.min(a.tokens.len())]);
@@ -409,14 +406,15 @@ fn decode_loop(
         }
         let logits = scratch.logits_mut();
         for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
-            if a.prefill {
+            // The step that fed the prompt: no token has been chosen yet (every request
+            // that outlives a step has chosen one).
+            if a.generated == 0 {
                 stats.cached_tokens.fetch_add(a.cached, Ordering::SeqCst);
                 keep(a, &mut prefixes);
             }
             // One request's failure (a panic in its sampling or detokenising) ends that
             // request only.
             let outcome = catch_unwind(AssertUnwindSafe(|| a.advance(row, tokenizer)));
-            a.prefill = false;
             if outcome.is_err() {
                 a.send(Event::Failed(
                     "choosing the next token failed (it panicked)".into(),

@@ -22,9 +22,14 @@ struct Entry {
 
 impl Entry {
     fn bytes(&self) -> usize {
-        let floats: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
-        floats * std::mem::size_of::<f32>() + self.tokens.len() * std::mem::size_of::<u32>()
+        bytes(&self.keys, &self.values, self.tokens.len())
     }
+}
+
+/// What keeping `tokens` positions with these keys and values costs.
+fn bytes(keys: &[Vec<f32>], values: &[Vec<f32>], tokens: usize) -> usize {
+    let floats: usize = keys.iter().chain(values).map(Vec::len).sum();
+    floats * std::mem::size_of::<f32>() + tokens * std::mem::size_of::<u32>()
 }
 
 /// Key/value caches of earlier sequences of one [`QuantizedLlama`], at most `max_bytes` of
@@ -141,8 +146,7 @@ impl PrefixCache {
             return;
         }
         let tokens = &tokens[..cache.len];
-        let floats: usize = cache.keys.iter().chain(&cache.values).map(Vec::len).sum();
-        let size = (floats + tokens.len()) * 4;
+        let size = bytes(&cache.keys, &cache.values, tokens.len());
         if size > self.max_bytes {
             return;
         }
@@ -161,7 +165,6 @@ impl PrefixCache {
             values: cache.values.clone(),
             used: self.clock,
         };
-        debug_assert_eq!(entry.bytes(), size);
         let mut freed = 0;
         self.entries.retain(|e| {
             let covered = tokens.starts_with(&e.tokens);

@@ -207,9 +207,9 @@ macro_rules! rows4_body {
 /// (no saturation; a block's sum stays below 2²⁴, so its `f32` is exact too), but the offset's
 /// share cancels between two differently rounded products, adding up to ~2⁻²³·128·|d·d_x·Σq_x|
 /// per block (within the products' tested bound; the VNNI and AVX2 results of `Q8_0` panels
-/// need not agree bit for bit). Per block and weight
-/// row: the block's scales times the panel's, one multiply-add for the products and one for the
-/// offsets and minimums (`m·d_x·Σq_x`), all lanes at once; no horizontal sums.
+/// need not agree bit for bit). Per block and weight row: the block's scales times the
+/// panel's, one multiply-add for the products and one for the offsets and minimums
+/// (`m·d_x·Σq_x`), all lanes at once; no horizontal sums.
 macro_rules! panel_body {
     (
         $format:expr,
