@@ -2,6 +2,7 @@
 //! the training loop's resume, checkpoints and averaging, data-parallel membership.
 
 mod data;
+mod decoding;
 mod distributed;
 mod families;
 mod log;
