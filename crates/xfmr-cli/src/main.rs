@@ -74,6 +74,11 @@ enum Command {
         /// Candidates printed per sentence, with their scores.
         #[arg(long, default_value_t = 1)]
         n_best: usize,
+        /// Beam search's length penalty α (GNMT: log-probability / ((5 + length) / 6)^α).
+        /// Default: the one `xfmr train` chose for the run on its validation split
+        /// (`decoding.json`), else the paper's 0.6.
+        #[arg(long)]
+        length_penalty: Option<f64>,
         /// Backend to run on.
         #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
         backend: BackendKind,
@@ -90,6 +95,11 @@ enum Command {
         /// Beam size (1: greedy).
         #[arg(long, default_value_t = 4)]
         beam: usize,
+        /// Beam search's length penalty α (GNMT: log-probability / ((5 + length) / 6)^α).
+        /// Default: the one `xfmr train` chose for the run on its validation split
+        /// (`decoding.json`), else the paper's 0.6.
+        #[arg(long)]
+        length_penalty: Option<f64>,
         /// Only the first N pairs.
         #[arg(long)]
         limit: Option<usize>,
@@ -390,23 +400,32 @@ fn main() -> ExitCode {
             run,
             beam,
             n_best,
+            length_penalty,
             backend,
             sentences,
         } => with_backend!(
             backend,
             "translate",
             wgpu = xfmr::backend::WgpuUnfused,
-            |B| translation::translate_cmd::<B>(&run, &sentences, beam, n_best)
+            |B| translation::translate_cmd::<B>(&run, &sentences, beam, n_best, length_penalty)
         ),
         Command::Eval {
             run,
             tsv,
             beam,
+            length_penalty,
             limit,
             hypotheses,
             backend,
         } => with_backend!(backend, "eval", wgpu = xfmr::backend::WgpuUnfused, |B| {
-            translation::eval_cmd::<B>(&run, &tsv, beam, limit, hypotheses.as_deref())
+            translation::eval_cmd::<B>(
+                &run,
+                &tsv,
+                beam,
+                length_penalty,
+                limit,
+                hypotheses.as_deref(),
+            )
         }),
         Command::Attention {
             run,

@@ -10,6 +10,7 @@ use xfmr_llm::{LanguageModel, WeightFormat};
 use xfmr_sentence::{fetch, SentenceEncoder};
 use xfmr_serve::{ServeConfig, Server};
 use xfmr_train::trainer::load_run_model;
+use xfmr_train::translate::DecodingChoice;
 
 /// `xfmr serve`'s options.
 #[derive(clap::Args)]
@@ -28,7 +29,8 @@ pub struct ServeArgs {
     /// directory. Served under `minilm` or the directory's name.
     #[arg(long)]
     embeddings: Option<String>,
-    /// A translation run of `xfmr train`. Served under the directory's name.
+    /// A translation run of `xfmr train`. Served under the directory's name; its beam search
+    /// uses the length penalty chosen for the run (`decoding.json`), else the paper's 0.6.
     #[arg(long)]
     translation: Option<PathBuf>,
     /// Language-model requests decoded together.
@@ -68,7 +70,17 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
              --translation RUN_DIR"
         );
     }
+    // A translation run's beam search uses the length penalty chosen for it on its validation
+    // split (`decoding.json`), else the paper's.
+    let chosen = match &args.translation {
+        Some(run) => DecodingChoice::load(run)?,
+        None => None,
+    };
     let config = ServeConfig {
+        translation_length_penalty: chosen
+            .map_or(ServeConfig::default().translation_length_penalty, |c| {
+                c.length_penalty
+            }),
         max_batch: args.max_batch.max(1),
         max_waiting: args.max_waiting,
         max_tokens: args.max_tokens.max(1),

@@ -14,7 +14,8 @@ use xfmr::io::write_atomic;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
 use xfmr_train::translate::{
-    score, score_by_source_length, translate, translation_attention, LengthBucket,
+    choose_length_penalty, score, score_by_source_length, translate, translation_attention,
+    DecodingChoice, LengthBucket, LENGTH_PENALTIES,
 };
 use xfmr_train::SubwordTokenizer;
 
@@ -29,13 +30,14 @@ pub(crate) fn tokenizer_path(run: &Path) -> PathBuf {
 /// Spanish verses run from 11 to 575 characters, 121 on average.
 const LENGTH_EDGES: [usize; 4] = [50, 100, 150, 200];
 
-/// Greedy and beam BLEU/chrF on `test`, overall and by source length, hypotheses written under
-/// `out`, a few samples printed.
+/// Greedy and beam (length penalty `alpha`) BLEU/chrF on `test`, overall and by source length,
+/// hypotheses written under `out`, a few samples printed.
 pub(crate) fn evaluate_and_show<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
     test: &[Pair],
     beam: usize,
+    alpha: f64,
     out: &Path,
 ) -> Result<()> {
     let sources: Vec<&str> = test.iter().map(|p| p.src.as_str()).collect();
@@ -48,6 +50,7 @@ pub(crate) fn evaluate_and_show<B: Backend>(
             "beam",
             Strategy::Beam(BeamOptions {
                 beam_size: beam.max(1),
+                length_penalty: alpha,
                 ..BeamOptions::default()
             }),
         ),
@@ -56,8 +59,12 @@ pub(crate) fn evaluate_and_show<B: Backend>(
         let hyps = translate_texts(model, tokenizer, &sources, strategy)?;
         let scores = score(&hyps, &refs)?;
         let seconds = t.elapsed().as_secs_f64();
+        let label = match name {
+            "beam" => format!("beam {}, length penalty {alpha}", beam.max(1)),
+            _ => name.to_string(),
+        };
         println!(
-            "test ({} sentences, {name}): BLEU {:.2}  chrF {:.2}  ({:.1} s)",
+            "test ({} sentences, {label}): BLEU {:.2}  chrF {:.2}  ({:.1} s)",
             test.len(),
             scores.bleu.score,
             scores.chrf,
@@ -75,12 +82,15 @@ pub(crate) fn evaluate_and_show<B: Backend>(
                        "bp": b.scores.bleu.bp, "chrf": b.scores.chrf})
             })
             .collect();
-        results.insert(
-            name.into(),
-            json!({"bleu": scores.bleu.score, "chrf": scores.chrf, "sentences": test.len(),
-                   "bp": scores.bleu.bp, "bleu_detail": format!("{:?}", scores.bleu),
-                   "seconds": seconds, "by_source_length": by_length}),
-        );
+        let mut entry = json!({"bleu": scores.bleu.score, "chrf": scores.chrf,
+                   "sentences": test.len(), "bp": scores.bleu.bp,
+                   "bleu_detail": format!("{:?}", scores.bleu),
+                   "seconds": seconds, "by_source_length": by_length});
+        if name == "beam" {
+            entry["beam_size"] = json!(beam.max(1));
+            entry["length_penalty"] = json!(alpha);
+        }
+        results.insert(name.into(), entry);
         outputs.push(hyps);
     }
     let json = serde_json::to_vec_pretty(&Value::Object(results))?;
@@ -108,13 +118,14 @@ fn print_buckets(buckets: &[LengthBucket]) {
     }
 }
 
-/// Greedy for `beam ≤ 1`, else beam search (α = 0.6) returning `n_best` hypotheses.
-fn strategy(beam: usize, n_best: usize) -> Strategy {
+/// Greedy for `beam ≤ 1`, else beam search (length penalty `alpha`) returning `n_best`
+/// hypotheses.
+fn strategy(beam: usize, n_best: usize, alpha: f64) -> Strategy {
     if beam > 1 {
         Strategy::Beam(BeamOptions {
             beam_size: beam,
+            length_penalty: alpha,
             n_best: n_best.clamp(1, beam),
-            ..BeamOptions::default()
         })
     } else {
         Strategy::Greedy
@@ -150,20 +161,67 @@ fn load_run<B: Backend>(run: &Path) -> Result<(Transformer<B>, SubwordTokenizer)
     crate::lm::load_run::<B, TransformerConfig>(run, crate::spec::Task::Translation, "translate")
 }
 
-/// What `xfmr train` shows at the end of a translation run: greedy and beam BLEU/chrF on
-/// `test` and a few translations (when `test` is not empty), and the attention maps of a short
-/// test sentence, from the run's final model.
+/// The length penalty of a run's beam search: `given`, else the one chosen for the run at the
+/// end of its training (`decoding.json`), else the paper's 0.6.
+fn length_penalty(run: &Path, given: Option<f64>) -> Result<f64> {
+    Ok(match given {
+        Some(alpha) => alpha,
+        None => DecodingChoice::load(run)?
+            .map_or(BeamOptions::default().length_penalty, |c| c.length_penalty),
+    })
+}
+
+/// What `xfmr train` does at the end of a translation run, from the run's final model: chooses
+/// beam search's length penalty on `valid` (unless `given`) and records it in the run
+/// (`decoding.json`); then greedy and beam BLEU/chrF on `test` and a few translations (when
+/// `test` is not empty), and the attention maps of a short test sentence.
 pub(crate) fn show_run<B: Backend>(
     run: &Path,
     tokenizer: &SubwordTokenizer,
+    valid: &[Pair],
     test: &[Pair],
     beam: usize,
+    given: Option<f64>,
 ) -> Result<()> {
+    let (model, _) = load_run::<B>(run)?;
+    let alpha = match given {
+        _ if beam < 2 => BeamOptions::default().length_penalty,
+        Some(alpha) => {
+            DecodingChoice {
+                beam_size: beam,
+                length_penalty: alpha,
+                sentences: 0,
+                tried: Vec::new(),
+            }
+            .save(run)?;
+            alpha
+        }
+        None if valid.is_empty() => BeamOptions::default().length_penalty,
+        None => {
+            let t = Instant::now();
+            let choice =
+                choose_length_penalty(&model, tokenizer, valid, beam, &LENGTH_PENALTIES, 128)?;
+            let tried: Vec<String> = choice
+                .tried
+                .iter()
+                .map(|(alpha, bleu)| format!("{alpha} → {bleu:.2}"))
+                .collect();
+            println!(
+                "length penalty on the validation split ({} sentences, beam {beam}, BLEU): {}; \
+                 chosen α = {} ({:.1} s)",
+                choice.sentences,
+                tried.join(", "),
+                choice.length_penalty,
+                t.elapsed().as_secs_f64()
+            );
+            choice.save(run)?;
+            choice.length_penalty
+        }
+    };
     if test.is_empty() {
         return Ok(());
     }
-    let (model, _) = load_run::<B>(run)?;
-    evaluate_and_show(&model, tokenizer, test, beam, run)?;
+    evaluate_and_show(&model, tokenizer, test, beam, alpha, run)?;
     if let Some(sample) = test.iter().find(|p| p.src.split_whitespace().count() <= 10) {
         let dir = run.join("attention");
         let files = attention_maps(&model, tokenizer, &sample.src, &dir)?;
@@ -182,8 +240,10 @@ pub fn translate_cmd<B: Backend>(
     sentences: &[String],
     beam: usize,
     n_best: usize,
+    alpha: Option<f64>,
 ) -> Result<()> {
     let (model, tokenizer) = load_run::<B>(run)?;
+    let alpha = length_penalty(run, alpha)?;
     let lines: Vec<String> = if sentences.is_empty() {
         std::io::stdin()
             .lock()
@@ -198,7 +258,7 @@ pub fn translate_cmd<B: Backend>(
         &model,
         &tokenizer,
         &sources,
-        &options(strategy(beam, n_best), &tokenizer, 128),
+        &options(strategy(beam, n_best, alpha), &tokenizer, 128),
         32,
     )?;
     for candidates in out {
@@ -222,10 +282,12 @@ pub fn eval_cmd<B: Backend>(
     run: &Path,
     tsv: &Path,
     beam: usize,
+    alpha: Option<f64>,
     limit: Option<usize>,
     hypotheses: Option<&Path>,
 ) -> Result<()> {
     let (model, tokenizer) = load_run::<B>(run)?;
+    let alpha = length_penalty(run, alpha)?;
     let pairs = data::read_tsv(tsv)?;
     let pairs: Vec<Pair> = pairs
         .into_iter()
@@ -233,13 +295,16 @@ pub fn eval_cmd<B: Backend>(
         .collect();
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = pairs.iter().map(|p| p.tgt.clone()).collect();
-    let hyps = translate_texts(&model, &tokenizer, &sources, strategy(beam, 1))?;
+    let hyps = translate_texts(&model, &tokenizer, &sources, strategy(beam, 1, alpha))?;
     let scores = score(&hyps, &refs)?;
     println!(
         "{}: {} sentences, {}: BLEU {:.2}  chrF {:.2}",
         tsv.display(),
         pairs.len(),
-        if beam > 1 { "beam" } else { "greedy" },
+        match beam {
+            0 | 1 => "greedy".to_string(),
+            _ => format!("beam {beam}, length penalty {alpha}"),
+        },
         scores.bleu.score,
         scores.chrf
     );

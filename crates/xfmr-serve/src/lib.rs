@@ -71,7 +71,7 @@ pub use error::{ApiError, ServeError};
 use engine::Engine;
 use worker::{Models, Worker};
 
-/// The server's limits.
+/// The server's limits and decoding settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServeConfig {
     /// Language-model requests decoded together (the batch).
@@ -97,6 +97,10 @@ pub struct ServeConfig {
     /// way ([`xfmr_llm::quantized::PrefixCache`]; 0 keeps none). SmolLM2-135M's take 45 KiB
     /// per token.
     pub prefix_cache_bytes: usize,
+    /// The length penalty α of translations' beam search (GNMT's; the paper's 0.6 by default).
+    /// `xfmr serve` sets the one chosen for the run on its validation split
+    /// ([`xfmr_train::translate::DecodingChoice`]).
+    pub translation_length_penalty: f64,
 }
 
 impl Default for ServeConfig {
@@ -111,6 +115,7 @@ impl Default for ServeConfig {
             request_timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(30),
             prefix_cache_bytes: 128 << 20,
+            translation_length_penalty: xfmr_models::BeamOptions::default().length_penalty,
         }
     }
 }

@@ -849,6 +849,7 @@ async fn translations<B: Backend>(
         ));
     }
     let timeout = state.config.request_timeout;
+    let length_penalty = state.config.translation_length_penalty;
     let work = state.worker.run(move |models| {
         let (model, tokenizer) = models.translation.as_ref().expect("loaded");
         // Each source is checked before any is translated: the encoder's cost grows with the
@@ -869,8 +870,8 @@ async fn translations<B: Backend>(
             1 => Strategy::Greedy,
             _ => Strategy::Beam(BeamOptions {
                 beam_size: beam as usize,
+                length_penalty,
                 n_best: n_best as usize,
-                ..BeamOptions::default()
             }),
         };
         let options =

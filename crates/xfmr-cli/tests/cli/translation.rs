@@ -208,10 +208,28 @@ fn train_translate_eval_attention() {
         stdout.contains("test (3 sentences, greedy): BLEU"),
         "{stdout}"
     );
+    // The length penalty is chosen on the validation split, recorded in the run, and the one
+    // the test split is translated with.
     assert!(
-        stdout.contains("test (3 sentences, beam): BLEU"),
+        stdout.contains("length penalty on the validation split (30 sentences, beam 2, BLEU)"),
         "{stdout}"
     );
+    let choice = xfmr_train::translate::DecodingChoice::load(&run)
+        .unwrap()
+        .expect("decoding.json");
+    let tried: Vec<f64> = choice.tried.iter().map(|t| t.0).collect();
+    assert_eq!(tried, xfmr_train::translate::LENGTH_PENALTIES);
+    assert_eq!((choice.beam_size, choice.sentences), (2, 30));
+    let alpha = choice.length_penalty;
+    assert!(
+        stdout.contains(&format!(
+            "test (3 sentences, beam 2, length penalty {alpha}): BLEU"
+        )),
+        "{stdout}"
+    );
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("results.json")).unwrap()).unwrap();
+    assert_eq!(results["beam"]["length_penalty"].as_f64(), Some(alpha));
     let (bleu, chrf) = scores(&run);
     let validation_nll = |run: &std::path::Path| -> f64 {
         let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
