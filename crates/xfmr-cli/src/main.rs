@@ -77,7 +77,7 @@ enum Command {
         /// Beam search's length penalty α (GNMT: log-probability / ((5 + length) / 6)^α).
         /// Default: the one `xfmr train` chose for the run on its validation split
         /// (`decoding.json`), else the paper's 0.6.
-        #[arg(long)]
+        #[arg(long, value_parser = train::finite)]
         length_penalty: Option<f64>,
         /// Backend to run on.
         #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
@@ -98,7 +98,7 @@ enum Command {
         /// Beam search's length penalty α (GNMT: log-probability / ((5 + length) / 6)^α).
         /// Default: the one `xfmr train` chose for the run on its validation split
         /// (`decoding.json`), else the paper's 0.6.
-        #[arg(long)]
+        #[arg(long, value_parser = train::finite)]
         length_penalty: Option<f64>,
         /// Only the first N pairs.
         #[arg(long)]

@@ -72,15 +72,12 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
     }
     // A translation run's beam search uses the length penalty chosen for it on its validation
     // split (`decoding.json`), else the paper's.
-    let chosen = match &args.translation {
-        Some(run) => DecodingChoice::load(run)?,
-        None => None,
+    let translation_length_penalty = match &args.translation {
+        Some(run) => DecodingChoice::length_penalty_of(run)?,
+        None => ServeConfig::default().translation_length_penalty,
     };
     let config = ServeConfig {
-        translation_length_penalty: chosen
-            .map_or(ServeConfig::default().translation_length_penalty, |c| {
-                c.length_penalty
-            }),
+        translation_length_penalty,
         max_batch: args.max_batch.max(1),
         max_waiting: args.max_waiting,
         max_tokens: args.max_tokens.max(1),

@@ -59,8 +59,8 @@ pub struct TrainArgs {
     pub config: Option<PathBuf>,
     /// BPE vocabulary size (shared by source and target). Default: 8,000 for the `cpu`
     /// preset's translation run (measured on its ten-minute run: test BLEU 30.5 beam against
-    /// 27.7 with 2,000 and 29.5-30.2 with 4,000, docs/training.md), 4,000 otherwise. A resumed
-    /// run keeps its vocabulary.
+    /// 27.7 with 2,000 and 29.5-30.2 with 4,000, docs/training.md), 4,000 otherwise (and with
+    /// --config). A resumed run keeps its vocabulary.
     #[arg(long)]
     pub vocab_size: Option<usize>,
     /// Optimizer steps, counted from the start of the run (on resume: the new total); default:
@@ -120,8 +120,9 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 100)]
     pub max_len: usize,
     /// Test sentences used at the end (translation: translated and scored; lm: prompts; mlm:
-    /// masked and filled in), the first N of the test split; 0 skips them. Default: the whole
-    /// split (lm and mlm show five).
+    /// masked and filled in), the first N of the test split; 0 skips them (and, for
+    /// translation, the length penalty's choice). Default: the whole split (lm and mlm show
+    /// five).
     #[arg(long)]
     pub test_sentences: Option<usize>,
     /// Beam size of the test evaluation's beam search (paper: 4).
@@ -133,7 +134,7 @@ pub struct TrainArgs {
     /// 2.0 by BLEU, as the paper chose its 0.6 on its development set (~25-40 s on two
     /// cores): the ten-minute run's beam search ends too early at 0.6, and the chosen α gave
     /// 0.3-1.2 more test BLEU in each of nine runs (docs/training.md).
-    #[arg(long)]
+    #[arg(long, value_parser = finite)]
     pub length_penalty: Option<f64>,
     /// Metrics file format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
@@ -189,9 +190,12 @@ fn vocabulary(
     train: &[Pair],
 ) -> Result<SubwordTokenizer> {
     let path = translation::tokenizer_path(out);
-    let vocab_size = args
-        .vocab_size
-        .unwrap_or_else(|| args.preset.vocab_size(task));
+    // Under --config the preset flag is not the run's, so the default is the one of before.
+    let vocab_size = match (args.vocab_size, &args.config) {
+        (Some(size), _) => size,
+        (None, Some(_)) => 4000,
+        (None, None) => args.preset.vocab_size(task),
+    };
     let tokenizer = if path.exists() {
         SubwordTokenizer::load(&path)?
     } else {
@@ -219,6 +223,15 @@ fn vocabulary(
         tokenizer
     };
     Ok(tokenizer)
+}
+
+/// Parses a finite number (clap's `f64` parser also takes `nan` and `inf`).
+pub(crate) fn finite(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(x) if x.is_finite() => Ok(x),
+        Ok(x) => Err(format!("{x}: must be finite")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `xfmr train`.

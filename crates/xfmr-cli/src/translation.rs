@@ -166,15 +166,20 @@ fn load_run<B: Backend>(run: &Path) -> Result<(Transformer<B>, SubwordTokenizer)
 fn length_penalty(run: &Path, given: Option<f64>) -> Result<f64> {
     Ok(match given {
         Some(alpha) => alpha,
-        None => DecodingChoice::load(run)?
-            .map_or(BeamOptions::default().length_penalty, |c| c.length_penalty),
+        None => DecodingChoice::length_penalty_of(run)?,
     })
 }
 
-/// What `xfmr train` does at the end of a translation run, from the run's final model: chooses
-/// beam search's length penalty on `valid` (unless `given`) and records it in the run
-/// (`decoding.json`); then greedy and beam BLEU/chrF on `test` and a few translations (when
-/// `test` is not empty), and the attention maps of a short test sentence.
+/// Validation pairs the length penalty is chosen on, at most: the first this many (the
+/// embedded set's whole split; four beam searches over them take ~25-40 s on two cores).
+const LENGTH_PENALTY_PAIRS: usize = 500;
+
+/// What `xfmr train` does at the end of a translation run with test sentences, from the run's
+/// final model: chooses beam search's length penalty on (the first 500 pairs of) `valid`
+/// unless `given`, and records it in the run (`decoding.json`; a given one too); then greedy
+/// and beam BLEU/chrF on `test` and a few translations, and the attention maps of a short test
+/// sentence. With no test sentences it does none of this, and, like a run without validation
+/// pairs or with greedy search only, keeps no `decoding.json` of an earlier model.
 pub(crate) fn show_run<B: Backend>(
     run: &Path,
     tokenizer: &SubwordTokenizer,
@@ -183,12 +188,16 @@ pub(crate) fn show_run<B: Backend>(
     beam: usize,
     given: Option<f64>,
 ) -> Result<()> {
+    let paper = BeamOptions::default().length_penalty;
+    if test.is_empty() {
+        DecodingChoice::forget(run)?;
+        return Ok(());
+    }
     let (model, _) = load_run::<B>(run)?;
     let alpha = match given {
-        _ if beam < 2 => BeamOptions::default().length_penalty,
         Some(alpha) => {
             DecodingChoice {
-                beam_size: beam,
+                beam_size: beam.max(1),
                 length_penalty: alpha,
                 sentences: 0,
                 tried: Vec::new(),
@@ -196,9 +205,13 @@ pub(crate) fn show_run<B: Backend>(
             .save(run)?;
             alpha
         }
-        None if valid.is_empty() => BeamOptions::default().length_penalty,
+        None if beam < 2 || valid.is_empty() => {
+            DecodingChoice::forget(run)?;
+            paper
+        }
         None => {
             let t = Instant::now();
+            let valid = &valid[..valid.len().min(LENGTH_PENALTY_PAIRS)];
             let choice =
                 choose_length_penalty(&model, tokenizer, valid, beam, &LENGTH_PENALTIES, 128)?;
             let tried: Vec<String> = choice
@@ -218,9 +231,6 @@ pub(crate) fn show_run<B: Backend>(
             choice.length_penalty
         }
     };
-    if test.is_empty() {
-        return Ok(());
-    }
     evaluate_and_show(&model, tokenizer, test, beam, alpha, run)?;
     if let Some(sample) = test.iter().find(|p| p.src.split_whitespace().count() <= 10) {
         let dir = run.join("attention");

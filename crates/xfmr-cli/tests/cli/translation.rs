@@ -279,6 +279,37 @@ fn train_translate_eval_attention() {
         test.to_str().unwrap(),
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("10 sentences, greedy: BLEU"));
+    // Beam search takes the run's length penalty, or the one given; a length penalty that is not
+    // finite is refused before anything runs.
+    let eval_beam = |extra: &[&str]| -> String {
+        let mut args = vec!["eval", "--run", run_s, "--beam", "2", "--limit", "3"];
+        args.extend_from_slice(extra);
+        args.push(test.to_str().unwrap());
+        String::from_utf8_lossy(&xfmr_ok(&args).stdout).into_owned()
+    };
+    let stdout = eval_beam(&[]);
+    assert!(
+        stdout.contains(&format!(
+            "3 sentences, beam 2, length penalty {alpha}: BLEU"
+        )),
+        "{stdout}"
+    );
+    let stdout = eval_beam(&["--length-penalty", "0.25"]);
+    assert!(
+        stdout.contains("3 sentences, beam 2, length penalty 0.25: BLEU"),
+        "{stdout}"
+    );
+    let out = xfmr(&[
+        "eval",
+        "--run",
+        run_s,
+        "--length-penalty",
+        "nan",
+        test.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must be finite"), "{stderr}");
 
     let maps = dir.path().join("maps");
     xfmr_ok(&[

@@ -108,7 +108,8 @@ fn beam(
         }),
     );
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
-    translate(model, tok, &sources, &options, 3)
+    // Batches of 32, as `choose_length_penalty` translates: the same padding, the same sums.
+    translate(model, tok, &sources, &options, 32)
         .unwrap()
         .into_iter()
         .map(|c| c[0].text.clone())
@@ -152,11 +153,16 @@ fn the_length_penalty_with_the_best_bleu_is_chosen() {
             let direct = score(&at(alpha), refs).unwrap().bleu.score;
             assert_eq!(bleu, direct, "α {alpha}");
         }
-        // Ties: the same penalty twice keeps the first, and so does an equal score.
-        let twice =
-            choose_length_penalty(&model, &tok, &held_out, BEAM, &[long, long], MAX_LEN).unwrap();
-        assert_eq!(twice.length_penalty, long);
-        assert_eq!(twice.tried[0], twice.tried[1]);
+        // Ties: two penalties that translate alike score alike, and the first is kept.
+        let (a, b) = (long, long + 1.0);
+        assert_eq!(at(a), at(b), "the premise: α {a} and {b} translate alike");
+        for (first, second) in [(a, b), (b, a)] {
+            let tie =
+                choose_length_penalty(&model, &tok, &held_out, BEAM, &[first, second], MAX_LEN)
+                    .unwrap();
+            assert_eq!(tie.tried[0].1, tie.tried[1].1);
+            assert_eq!(tie.length_penalty, first);
+        }
     }
     let invalid = |r: Result<DecodingChoice, TrainError>| {
         assert!(matches!(r, Err(TrainError::InvalidConfig { .. })), "{r:?}")
@@ -203,6 +209,11 @@ fn the_decoding_choice_round_trips_through_the_run_directory() {
     fs::create_dir_all(&dir).unwrap();
     let _ = fs::remove_file(dir.join(DECODING_FILE));
     assert_eq!(DecodingChoice::load(&dir).unwrap(), None);
+    assert_eq!(
+        DecodingChoice::length_penalty_of(&dir).unwrap(),
+        0.6,
+        "the paper's"
+    );
     let choice = DecodingChoice {
         beam_size: 4,
         length_penalty: 1.5,
@@ -211,6 +222,20 @@ fn the_decoding_choice_round_trips_through_the_run_directory() {
     };
     choice.save(&dir).unwrap();
     assert_eq!(DecodingChoice::load(&dir).unwrap(), Some(choice.clone()));
+    assert_eq!(DecodingChoice::length_penalty_of(&dir).unwrap(), 1.5);
+    // An α that is not finite is not written.
+    let nan = DecodingChoice {
+        length_penalty: f64::NAN,
+        ..choice.clone()
+    };
+    let err = nan.save(&dir).unwrap_err().to_string();
+    assert!(err.contains(DECODING_FILE), "{err}");
+    assert_eq!(DecodingChoice::load(&dir).unwrap(), Some(choice.clone()));
+    // Forgotten: gone, and forgetting again is no error.
+    DecodingChoice::forget(&dir).unwrap();
+    assert_eq!(DecodingChoice::load(&dir).unwrap(), None);
+    DecodingChoice::forget(&dir).unwrap();
+    choice.save(&dir).unwrap();
     assert_eq!(choice.beam_options().length_penalty, 1.5);
     assert_eq!(choice.beam_options().beam_size, 4);
     for bad in [
