@@ -52,6 +52,10 @@ pub enum Preset {
     Big,
 }
 
+/// The BPE vocabulary size of every run but `cpu` translation ([`Preset::vocab_size`]), and of
+/// `--config` runs, whose preset flag is not theirs.
+pub(crate) const VOCAB_SIZE: usize = 4000;
+
 impl Preset {
     /// The translation model; the language models take its widths and as many layers as its
     /// encoder and decoder together.
@@ -91,7 +95,7 @@ impl Preset {
     pub(crate) fn vocab_size(self, task: Task) -> usize {
         match (self, task) {
             (Self::Cpu, Task::Translation) => 8000,
-            _ => 4000,
+            _ => VOCAB_SIZE,
         }
     }
 

@@ -193,7 +193,7 @@ fn vocabulary(
     // Under --config the preset flag is not the run's, so the default is the one of before.
     let vocab_size = match (args.vocab_size, &args.config) {
         (Some(size), _) => size,
-        (None, Some(_)) => 4000,
+        (None, Some(_)) => crate::spec::VOCAB_SIZE,
         (None, None) => args.preset.vocab_size(task),
     };
     let tokenizer = if path.exists() {

@@ -14,8 +14,8 @@ use xfmr::io::write_atomic;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
 use xfmr_train::translate::{
-    choose_length_penalty, score, score_by_source_length, translate, translation_attention,
-    DecodingChoice, LengthBucket, LENGTH_PENALTIES,
+    choose_length_penalty, score, score_by_source_length, translate, translate_best,
+    translation_attention, DecodingChoice, LengthBucket, LENGTH_PENALTIES,
 };
 use xfmr_train::SubwordTokenizer;
 
@@ -143,17 +143,13 @@ fn translate_texts<B: Backend>(
     sources: &[&str],
     strategy: Strategy,
 ) -> Result<Vec<String>> {
-    let out = translate(
+    Ok(translate_best(
         model,
         tokenizer,
         sources,
         &options(strategy, tokenizer, 128),
         32,
-    )?;
-    Ok(out
-        .into_iter()
-        .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
-        .collect())
+    )?)
 }
 
 /// The translation model of a run directory and its vocabulary.

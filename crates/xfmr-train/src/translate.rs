@@ -93,6 +93,24 @@ pub fn translate<B: Backend>(
     Ok(out)
 }
 
+/// [`translate`], keeping only the best candidate's text of each sentence (empty when the
+/// search returned none).
+///
+/// # Errors
+/// As [`translate`].
+pub fn translate_best<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &SubwordTokenizer,
+    sentences: &[&str],
+    options: &GenerationOptions,
+    batch_size: usize,
+) -> Result<Vec<String>, TrainError> {
+    Ok(translate(model, tokenizer, sentences, options, batch_size)?
+        .into_iter()
+        .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
+        .collect())
+}
+
 /// The length penalties [`choose_length_penalty`] tries by default: the paper's 0.6 and three
 /// larger ones. On the ten-minute run's models beam search at 0.6 comes out short (brevity
 /// penalty 0.92-0.96 on the test split); their validation split chose 1.0 or 1.5
@@ -249,10 +267,7 @@ pub fn choose_length_penalty<B: Backend>(
                 length_penalty: alpha,
                 ..BeamOptions::default()
             }));
-        let hyps: Vec<String> = translate(model, tokenizer, &sources, &options, 32)?
-            .into_iter()
-            .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
-            .collect();
+        let hyps = translate_best(model, tokenizer, &sources, &options, 32)?;
         let bleu = score(&hyps, &refs).map_err(|e| invalid("pairs", e.to_string(), "scorable"))?;
         tried.push((alpha, bleu.bleu.score));
     }

@@ -8,7 +8,7 @@ use burn::tensor::{Tensor, TensorData};
 use xfmr_models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
 use xfmr_train::data::{Pair, SplitMix64};
 use xfmr_train::translate::{
-    choose_length_penalty, score, translate, DecodingChoice, DECODING_FILE,
+    choose_length_penalty, score, translate_best, DecodingChoice, DECODING_FILE,
 };
 use xfmr_train::{SubwordTokenizer, TrainError};
 
@@ -109,11 +109,7 @@ fn beam(
     );
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     // Batches of 32, as `choose_length_penalty` translates: the same padding, the same sums.
-    translate(model, tok, &sources, &options, 32)
-        .unwrap()
-        .into_iter()
-        .map(|c| c[0].text.clone())
-        .collect()
+    translate_best(model, tok, &sources, &options, 32).unwrap()
 }
 
 /// With each length penalty's own translations as the references, that penalty scores BLEU 100
@@ -164,41 +160,15 @@ fn the_length_penalty_with_the_best_bleu_is_chosen() {
             assert_eq!(tie.length_penalty, first);
         }
     }
-    let invalid = |r: Result<DecodingChoice, TrainError>| {
+    // No pairs, greedy search, no penalties, a penalty that is not finite.
+    let invalid = |pairs: &[Pair], beam: usize, candidates: &[f64]| {
+        let r = choose_length_penalty(&model, &tok, pairs, beam, candidates, MAX_LEN);
         assert!(matches!(r, Err(TrainError::InvalidConfig { .. })), "{r:?}")
     };
-    invalid(choose_length_penalty(
-        &model,
-        &tok,
-        &[],
-        BEAM,
-        &[0.6],
-        MAX_LEN,
-    ));
-    invalid(choose_length_penalty(
-        &model,
-        &tok,
-        &pairs,
-        1,
-        &[0.6],
-        MAX_LEN,
-    ));
-    invalid(choose_length_penalty(
-        &model,
-        &tok,
-        &pairs,
-        BEAM,
-        &[],
-        MAX_LEN,
-    ));
-    invalid(choose_length_penalty(
-        &model,
-        &tok,
-        &pairs,
-        BEAM,
-        &[f64::NAN],
-        MAX_LEN,
-    ));
+    invalid(&[], BEAM, &[0.6]);
+    invalid(&pairs, 1, &[0.6]);
+    invalid(&pairs, BEAM, &[]);
+    invalid(&pairs, BEAM, &[f64::NAN]);
 }
 
 /// The run file: saved and read back unchanged, absent is `None`, unreadable or out of range
