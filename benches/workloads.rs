@@ -43,15 +43,11 @@ use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer, Translation};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// W2's and W4's models and inputs, shared with `examples/workloads.rs`.
-#[path = "workload_models.rs"]
-mod workload_models;
-use workload_models::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
+// W2's and W4's models and inputs, shared with `examples/workloads.rs`.
+use xfmr_testing::workloads::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
 
-// The program's own module; its test helpers go unused here.
-#[allow(unused)]
-#[path = "../crates/xfmr-cli/src/alloc.rs"]
-mod alloc;
+// The program's own allocator options (`xfmr_cli::alloc`).
+use xfmr_cli::alloc;
 
 fn w2<B: Backend>(c: &mut Criterion, backend: &str) {
     let (encoder, x) = w2_encoder::<B>(&B::Device::default());
@@ -85,7 +81,7 @@ fn w3_examples() -> Vec<xfmr_train::Example> {
 fn w3<B: AutodiffBackend>(c: &mut Criterion, backend: &str, examples: &[xfmr_train::Example]) {
     let device = B::Device::default();
     let vocab = 4000;
-    // `xfmr train`'s CPU preset and defaults (crates/xfmr-cli/src/spec.rs, train.rs), with
+    // `xfmr train`'s CPU preset and defaults (`xfmr_train::spec::Preset`), with
     // `LayerConfig`'s dropout 0.1 as W3 keeps it.
     let model = TransformerConfig::new(vocab, vocab, LayerConfig::new(128, 4, 512), 3, 3);
     let config = TrainConfig::new()

@@ -5,15 +5,19 @@
 //! ```text
 //! cargo run --release -p xfmr --features autodiff --example train_custom -- pairs.tsv [RUN_DIR]
 //! ```
+//!
+//! The steps (the run directory, the vocabulary learnt once and kept with the run, the
+//! objective with the vocabulary's special ids, `Trainer::open` resuming from a checkpoint,
+//! `Trainer::run`) are `xfmr::train::quickstart::train_translation_on_tsv`'s; the CLI's tests
+//! call it with the configuration below.
 
 use std::error::Error;
 use std::path::Path;
 
 use xfmr::burn::backend::{Autodiff, NdArray};
 use xfmr::models::TransformerConfig;
-use xfmr::train::translate::encode_pairs;
-use xfmr::train::{data, Event, Observer, RunSummary, SubwordTokenizer, TrainError};
-use xfmr::train::{TrainConfig, Trainer, Translation};
+use xfmr::train::quickstart::train_translation_on_tsv;
+use xfmr::train::{Event, Observer, RunDir, TrainConfig, TrainError};
 
 type Backend = Autodiff<NdArray>;
 
@@ -33,47 +37,30 @@ impl Observer for PrintValidation {
     }
 }
 
-/// Trains `steps` steps on `tsv` (a tenth of it held out for validation) in `run_dir`, which
-/// then holds the vocabulary (`tokenizer.json`) and the final model (`model/`).
-pub fn train(tsv: &Path, run_dir: &Path, steps: usize) -> Result<RunSummary, Box<dyn Error>> {
-    let pairs = data::read_tsv(tsv)?;
-    let (valid, train) = pairs.split_at((pairs.len() / 10).max(1));
-    // The vocabulary is learnt once and kept with the run (a resumed run needs the same ids).
-    let vocabulary = run_dir.join("tokenizer.json");
-    let tokenizer = if vocabulary.exists() {
-        SubwordTokenizer::load(&vocabulary)?
-    } else {
-        let sides = train.iter().flat_map(|p| [p.src.as_str(), p.tgt.as_str()]);
-        let tokenizer = SubwordTokenizer::train(sides, 1000)?;
-        std::fs::create_dir_all(run_dir)?;
-        tokenizer.save(&vocabulary)?;
-        tokenizer
-    };
-    // Every special id (padding, start, end) from the tokenizer.
-    let objective =
-        Translation::for_tokenizer(TransformerConfig::tiny(tokenizer.vocab_size()), &tokenizer);
+fn main() -> Result<(), Box<dyn Error>> {
+    let mut args = std::env::args().skip(1);
+    let tsv = args
+        .next()
+        .ok_or("usage: train_custom FILE.tsv [RUN_DIR]")?;
+    let run = RunDir::new(args.next().unwrap_or_else(|| "runs/custom".into()));
+    // A tiny model, a 1,000-token vocabulary, 200 steps (a tenth of the file held out).
     let config = TrainConfig::new()
-        .with_steps(steps)
+        .with_steps(200)
         .with_max_tokens(1000)
         .with_warmup(20)
         .with_eval_every(10)
         .with_checkpoint_every(10)
         .with_keep_checkpoints(2)
         .with_average(2);
-    let examples = encode_pairs(&tokenizer, train)?;
-    let device = Default::default();
-    let mut trainer = Trainer::<Backend, _>::open(run_dir, objective, config, examples, &device)?;
-    let valid = encode_pairs(&tokenizer, valid)?;
-    Ok(trainer.run(run_dir, &valid, &mut PrintValidation)?)
-}
-
-fn main() -> Result<(), Box<dyn Error>> {
-    let mut args = std::env::args().skip(1);
-    let tsv = args
-        .next()
-        .ok_or("usage: train_custom FILE.tsv [RUN_DIR]")?;
-    let run_dir = args.next().unwrap_or_else(|| "runs/custom".into());
-    let summary = train(Path::new(&tsv), Path::new(&run_dir), 200)?;
+    let summary = train_translation_on_tsv::<Backend>(
+        Path::new(&tsv),
+        &run,
+        1000,
+        TransformerConfig::tiny,
+        config,
+        &mut PrintValidation,
+        &Default::default(),
+    )?;
     let model = summary.final_model.ok_or("no final model")?;
     println!("{} steps; final model in {}", summary.step, model.display());
     Ok(())

@@ -42,10 +42,8 @@ use burn::tensor::{Distribution, Tensor};
 use xfmr::attention::{AttentionKernel, MhaInput, MultiHeadAttentionConfig};
 use xfmr::blocks::SelfAttentionInput;
 
-/// W2's and W4's models and inputs, shared with the criterion bench.
-#[path = "../benches/workload_models.rs"]
-mod workload_models;
-use workload_models::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
+// W2's and W4's models and inputs, shared with the criterion bench.
+use xfmr_testing::workloads::{w2_encoder, w4_model, W2_SHAPE, W4_NEW_TOKENS};
 
 /// Median seconds of `iters` runs of `f` after 2 warm-ups.
 fn median_secs(iters: usize, mut f: impl FnMut()) -> f64 {

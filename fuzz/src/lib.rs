@@ -26,9 +26,7 @@ pub mod targets;
 
 /// The tiny Llama-family GGUF of xfmr-llm's tests (seeds, and the models of the server and
 /// chat-template targets).
-#[allow(dead_code, missing_docs)]
-#[path = "../../crates/xfmr-llm/tests/llm/tiny.rs"]
-pub(crate) mod tiny;
+pub(crate) use xfmr_testing::tiny_gguf as tiny;
 
 use std::time::Duration;
 

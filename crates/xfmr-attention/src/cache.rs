@@ -33,17 +33,6 @@ impl<B: Backend> KvCache<B> {
         Self { entries: None }
     }
 
-    /// A cache holding the given keys and values `[batch, n_kv_heads, len, d_k]`.
-    ///
-    /// # Panics
-    /// If the shapes of `keys` and `values` differ in batch, heads or length.
-    pub fn from_parts(keys: Tensor<B, 4>, values: Tensor<B, 4>) -> Self {
-        assert_pair("KvCache", &keys, &values);
-        Self {
-            entries: Some((keys, values)),
-        }
-    }
-
     /// Number of cached positions (0 when empty).
     pub fn len(&self) -> usize {
         self.entries.as_ref().map_or(0, |(k, _)| k.dims()[2])

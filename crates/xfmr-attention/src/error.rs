@@ -7,11 +7,16 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum AttentionError {
-    /// A dimension that must be positive is zero.
-    #[error("`{name}` must be positive, got 0")]
-    ZeroDim {
-        /// Which dimension.
-        name: &'static str,
+    /// A configuration value out of its range (a zero width, a dropout probability outside
+    /// `[0, 1)`, ...): the same variant, with the same fields, as every xfmr crate's error.
+    #[error("invalid configuration: `{field}` = {value}: {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
     },
     /// `d_model` does not split evenly into `n_heads` heads.
     #[error("d_model ({d_model}) must be divisible by n_heads ({n_heads})")]
@@ -28,12 +33,6 @@ pub enum AttentionError {
         n_heads: usize,
         /// Number of key/value heads.
         n_kv_heads: usize,
-    },
-    /// Dropout probability outside `[0, 1)`.
-    #[error("dropout probability must be in [0, 1), got {prob}")]
-    InvalidDropout {
-        /// The rejected probability.
-        prob: f64,
     },
     /// A mask (or bias) does not broadcast to the attention scores' shape.
     #[error(
@@ -107,4 +106,65 @@ pub enum AttentionError {
         /// Requested length.
         requested: usize,
     },
+}
+
+/// A configuration value out of its range, named: what every xfmr crate's `InvalidConfig`
+/// error variant holds (`AttentionError::InvalidConfig`, `PositionError::InvalidConfig`,
+/// `BlockError::InvalidConfig`, `ModelError::InvalidConfig`, ...), each converting from this.
+/// The checks every layer shares are its constructors, so that a rule (what a dropout
+/// probability may be) is written once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidConfig {
+    /// The field.
+    pub field: &'static str,
+    /// Its value, as written.
+    pub value: String,
+    /// What is accepted.
+    pub expected: &'static str,
+}
+
+impl InvalidConfig {
+    /// `Ok` when `ok`, else the error naming `field`, its `value` and what is `expected`.
+    pub fn check(
+        ok: bool,
+        field: &'static str,
+        value: impl std::fmt::Display,
+        expected: &'static str,
+    ) -> Result<(), Self> {
+        if ok {
+            Ok(())
+        } else {
+            Err(Self {
+                field,
+                value: value.to_string(),
+                expected,
+            })
+        }
+    }
+
+    /// A size that must be positive.
+    pub fn positive(field: &'static str, value: usize) -> Result<(), Self> {
+        Self::check(value > 0, field, value, "must be positive")
+    }
+
+    /// A dropout probability: in `[0, 1)` (burn's own constructor panics outside it; a
+    /// configuration read from a file must not).
+    pub fn dropout(field: &'static str, prob: f64) -> Result<(), Self> {
+        Self::check(
+            (0.0..1.0).contains(&prob),
+            field,
+            prob,
+            "a dropout probability in [0, 1)",
+        )
+    }
+}
+
+impl From<InvalidConfig> for AttentionError {
+    fn from(e: InvalidConfig) -> Self {
+        Self::InvalidConfig {
+            field: e.field,
+            value: e.value,
+            expected: e.expected,
+        }
+    }
 }

@@ -48,18 +48,19 @@ mod error;
 mod input;
 mod mask;
 mod mha;
+mod options;
 mod rotation;
 mod sdpa;
 mod torch;
 
 pub use cache::{KvCache, ProjectedMemory};
-pub use error::AttentionError;
+pub use error::{AttentionError, InvalidConfig};
 pub use input::MhaInput;
 pub use mask::AttnMask;
 pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
 pub use rotation::QkRotation;
 pub use sdpa::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,
-    AttentionKernel, AttentionOptions, AttentionOutput,
 };
 pub use torch::{linear_from_torch, load_linear_torch, TorchMhaWeights};

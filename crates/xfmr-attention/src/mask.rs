@@ -65,10 +65,12 @@ impl<B: Backend> AttnMask<B> {
     /// # Shapes
     /// - `ids`: `[batch, seq_k]`
     /// - stored mask: `[batch, 1, 1, seq_k]`
-    pub fn padding_from_ids(ids: Tensor<B, 2, Int>, pad_id: i64) -> Self {
+    pub fn padding_from_ids(ids: Tensor<B, 2, Int>, pad_id: u32) -> Self {
         let [batch, seq_k] = ids.dims();
         Self {
-            ignored: ids.equal_elem(pad_id).reshape([batch, 1, 1, seq_k]),
+            ignored: ids
+                .equal_elem(i64::from(pad_id))
+                .reshape([batch, 1, 1, seq_k]),
         }
     }
 

@@ -18,10 +18,11 @@ use burn::nn::Linear;
 use burn::tensor::{backend::Backend, Tensor};
 
 use crate::input::Keys;
-use crate::sdpa::{
-    scaled_dot_product_attention, AttentionKernel, AttentionOptions, AttentionOutput,
+use crate::options::{AttentionKernel, AttentionOptions, AttentionOutput};
+use crate::sdpa::scaled_dot_product_attention;
+use crate::{
+    AttentionError, AttnMask, InvalidConfig, KvCache, MhaInput, ProjectedMemory, QkRotation,
 };
-use crate::{AttentionError, AttnMask, KvCache, MhaInput, ProjectedMemory, QkRotation};
 
 /// Configuration of [`MultiHeadAttention`].
 #[derive(Config, Debug)]
@@ -71,15 +72,9 @@ impl MultiHeadAttentionConfig {
     /// # Errors
     /// Zero sizes, `d_model % n_heads != 0`, `n_heads % n_kv_heads != 0`, dropout outside `[0, 1)`.
     pub fn validate(&self) -> Result<(), AttentionError> {
-        if self.d_model == 0 {
-            return Err(AttentionError::ZeroDim { name: "d_model" });
-        }
-        if self.n_heads == 0 {
-            return Err(AttentionError::ZeroDim { name: "n_heads" });
-        }
-        if self.kv_heads() == 0 {
-            return Err(AttentionError::ZeroDim { name: "n_kv_heads" });
-        }
+        InvalidConfig::positive("d_model", self.d_model)?;
+        InvalidConfig::positive("n_heads", self.n_heads)?;
+        InvalidConfig::positive("n_kv_heads", self.kv_heads())?;
         if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(AttentionError::HeadsDoNotDivide {
                 d_model: self.d_model,
@@ -92,9 +87,7 @@ impl MultiHeadAttentionConfig {
                 n_kv_heads: self.kv_heads(),
             });
         }
-        if !(0.0..1.0).contains(&self.dropout) {
-            return Err(AttentionError::InvalidDropout { prob: self.dropout });
-        }
+        InvalidConfig::dropout("dropout", self.dropout)?;
         Ok(())
     }
 

@@ -4,11 +4,11 @@
 use burn::config::Config;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{backend::Backend, Tensor};
-use xfmr_attention::MultiHeadAttentionConfig;
+use xfmr_attention::{InvalidConfig, MultiHeadAttentionConfig};
 
 use crate::{
-    check_dropout, Activation, AttentionPositions, BlockError, CausalDecoder, Decoder, Encoder,
-    FeedForward, FeedForwardConfig, Norm, NormConfig, NormKind, NormPosition, PositionEncoding,
+    Activation, AttentionPositions, BlockError, CausalDecoder, Decoder, Encoder, FeedForward,
+    FeedForwardConfig, Norm, NormConfig, NormKind, NormPosition, PositionEncoding,
 };
 
 /// The configuration of one layer, shared by encoder, decoder and causal layers and embedded in
@@ -95,10 +95,10 @@ impl LayerConfig {
     /// their embeddings.
     ///
     /// # Errors
-    /// [`BlockError::InvalidDropout`] for a probability outside [0, 1) (burn's own
+    /// [`BlockError::InvalidConfig`] for a probability outside [0, 1) (burn's own
     /// constructor panics on one: a configuration read from a file must not).
     pub fn residual_dropout(&self) -> Result<Dropout, BlockError> {
-        check_dropout(self.dropout)?;
+        InvalidConfig::dropout("dropout", self.dropout)?;
         Ok(DropoutConfig::new(self.dropout).init())
     }
 
@@ -107,9 +107,7 @@ impl LayerConfig {
     /// # Errors
     /// As [`PositionEncoding::init_attention`].
     pub fn attention_positions(&self) -> Result<Option<AttentionPositions>, BlockError> {
-        if self.n_heads == 0 {
-            return Err(BlockError::ZeroDim { name: "n_heads" });
-        }
+        InvalidConfig::positive("n_heads", self.n_heads)?;
         self.positions.init_attention(self.n_heads, self.d_k())
     }
 }
@@ -129,9 +127,7 @@ pub struct StackConfig {
 
 impl StackConfig {
     fn checked<B: Backend>(&self, device: &B::Device) -> Result<Option<Norm<B>>, BlockError> {
-        if self.n_layers == 0 {
-            return Err(BlockError::ZeroDim { name: "n_layers" });
-        }
+        InvalidConfig::positive("n_layers", self.n_layers)?;
         self.final_norm
             .then(|| self.layer.norm_config().init(device))
             .transpose()

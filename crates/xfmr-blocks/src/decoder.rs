@@ -64,11 +64,6 @@ impl<B: Backend> DecoderInput<B> {
         AttnMask::add_to(&mut self.memory_mask, mask);
         self
     }
-
-    /// Adds source padding when there is some, as [`memory_mask`](Self::memory_mask).
-    pub fn memory_mask_opt(self, mask: Option<AttnMask<B>>) -> Self {
-        mask.into_iter().fold(self, Self::memory_mask)
-    }
 }
 
 /// The input of one incremental step of a [`Decoder`] ([`Decoder::step`]): the new target

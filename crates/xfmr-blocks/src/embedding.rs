@@ -4,6 +4,8 @@ use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::tensor::{backend::Backend, Int, Tensor};
 
+use xfmr_attention::InvalidConfig;
+
 use crate::BlockError;
 
 /// Configuration of [`TokenEmbedding`].
@@ -27,12 +29,8 @@ impl TokenEmbeddingConfig {
     /// # Errors
     /// Zero sizes.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<TokenEmbedding<B>, BlockError> {
-        if self.vocab_size == 0 {
-            return Err(BlockError::ZeroDim { name: "vocab_size" });
-        }
-        if self.d_model == 0 {
-            return Err(BlockError::ZeroDim { name: "d_model" });
-        }
+        InvalidConfig::positive("vocab_size", self.vocab_size)?;
+        InvalidConfig::positive("d_model", self.d_model)?;
         let init = self.initializer.clone().unwrap_or(Initializer::Normal {
             mean: 0.0,
             std: (self.d_model as f64).powf(-0.5),

@@ -14,23 +14,17 @@ pub enum BlockError {
     /// From the position encodings.
     #[error(transparent)]
     Position(#[from] PositionError),
-    /// A dimension that must be positive is zero.
-    #[error("`{name}` must be positive, got 0")]
-    ZeroDim {
-        /// Which dimension.
-        name: &'static str,
-    },
-    /// Dropout probability outside `[0, 1)`.
-    #[error("dropout probability must be in [0, 1), got {prob}")]
-    InvalidDropout {
-        /// The rejected probability.
-        prob: f64,
-    },
-    /// A norm epsilon that is not positive.
-    #[error("norm epsilon must be positive, got {eps}")]
-    InvalidEpsilon {
-        /// The rejected epsilon.
-        eps: f64,
+    /// A configuration value out of its range (a zero width, a dropout probability outside
+    /// `[0, 1)`, a norm ε that is not positive): the same variant, with the same fields, as
+    /// every xfmr crate's error.
+    #[error("invalid configuration: `{field}` = {value}: {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
     },
     /// A state dict could not be read.
     #[error("cannot read state dict: {0}")]
@@ -46,6 +40,16 @@ pub enum BlockError {
     /// A state dict does not match the module.
     #[error("state dict does not match the module: {}", .0.summary())]
     Import(ImportReport),
+}
+
+impl From<xfmr_attention::InvalidConfig> for BlockError {
+    fn from(e: xfmr_attention::InvalidConfig) -> Self {
+        Self::InvalidConfig {
+            field: e.field,
+            value: e.value,
+            expected: e.expected,
+        }
+    }
 }
 
 /// The mismatches between a state dict and a module, all listed at once.

@@ -6,7 +6,9 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, relu, silu};
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::{check_dropout, BlockError};
+use xfmr_attention::InvalidConfig;
+
+use crate::BlockError;
 
 /// The feed-forward activation.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -45,13 +47,9 @@ impl FeedForwardConfig {
     /// # Errors
     /// Zero widths, dropout outside `[0, 1)`.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<FeedForward<B>, BlockError> {
-        if self.d_model == 0 {
-            return Err(BlockError::ZeroDim { name: "d_model" });
-        }
-        if self.d_ff == 0 {
-            return Err(BlockError::ZeroDim { name: "d_ff" });
-        }
-        check_dropout(self.dropout)?;
+        InvalidConfig::positive("d_model", self.d_model)?;
+        InvalidConfig::positive("d_ff", self.d_ff)?;
+        InvalidConfig::dropout("dropout", self.dropout)?;
         let linear = |d_in, d_out| {
             LinearConfig::new(d_in, d_out)
                 .with_bias(self.bias)

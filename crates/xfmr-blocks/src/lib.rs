@@ -92,11 +92,3 @@ pub use norm::{Norm, NormConfig, NormKind, NormPosition};
 pub use positions::{add_positions, AttentionPositions, PositionEncoding, Positions};
 pub use torch::{StateDict, StateDictImporter};
 pub use xfmr_position::RotaryLayout;
-
-pub(crate) fn check_dropout(prob: f64) -> Result<(), BlockError> {
-    if (0.0..1.0).contains(&prob) {
-        Ok(())
-    } else {
-        Err(BlockError::InvalidDropout { prob })
-    }
-}

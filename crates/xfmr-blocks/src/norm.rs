@@ -4,6 +4,8 @@ use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::tensor::{backend::Backend, Tensor};
 
+use xfmr_attention::InvalidConfig;
+
 use crate::BlockError;
 
 /// Which normalisation.
@@ -43,12 +45,8 @@ impl NormConfig {
     /// # Errors
     /// Zero width or non-positive ε.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Norm<B>, BlockError> {
-        if self.d_model == 0 {
-            return Err(BlockError::ZeroDim { name: "d_model" });
-        }
-        if self.eps.is_nan() || self.eps <= 0.0 {
-            return Err(BlockError::InvalidEpsilon { eps: self.eps });
-        }
+        InvalidConfig::positive("d_model", self.d_model)?;
+        InvalidConfig::check(self.eps > 0.0, "eps", self.eps, "must be positive")?;
         Ok(Norm {
             gamma: Initializer::Ones.init([self.d_model], device),
             beta: (self.kind == NormKind::LayerNorm)

@@ -18,9 +18,10 @@
 //! `l, l + 8, …`), then the lanes left to right, then the products of the columns past the last
 //! whole eight (`d_k` not a multiple of 8); each output column sums `p_t · v_t` over
 //! positions in order from zero. The exponentials are [`exp_shifted`]'s. Compiled for
-//! AVX-512 or AVX2 when the CPU has it (chosen at run time; the same operations in the same
-//! order on every path, so the result does not depend on the CPU).
+//! AVX-512 or AVX2 when the CPU has it (the [`FloatLevel`] probed at run time; the same
+//! operations in the same order on every level, so the result does not depend on the CPU).
 
+use crate::cpu::FloatLevel;
 use crate::exp::exp_shifted;
 
 /// Lanes of the partial sums (an AVX2 register of f32).
@@ -94,7 +95,14 @@ pub fn attend_cached(
         out.len(),
         head.d_k
     );
-    attend(queries, head, scale, scores, Some(out));
+    attend_on(
+        FloatLevel::detect(),
+        queries,
+        head,
+        scale,
+        scores,
+        Some(out),
+    );
 }
 
 /// The probabilities of [`attend_cached`] alone: `scores ← softmax(scale · K q_j)` for each
@@ -116,31 +124,31 @@ pub fn cached_probabilities(
         queries.len(),
         head.d_k
     );
-    attend(queries, head, scale, scores, None);
+    attend_on(FloatLevel::detect(), queries, head, scale, scores, None);
 }
 
-/// The kernel on the widest path this CPU has (the callers checked the shapes): the
-/// AVX-512 or AVX2 copy, else the portable loops.
+/// The kernel on `level`, which must be available (asserted in all builds; the callers
+/// checked the shapes): the AVX-512 or AVX2 copy, or the portable loops.
 #[allow(unsafe_code)]
-fn attend(
+fn attend_on(
+    level: FloatLevel,
     queries: &[f32],
     head: CachedHead<'_>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: Option<&mut [f32]>,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
-            return unsafe { attend_avx512(queries, head, scale, scores, out) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { attend_avx2(queries, head, scale, scores, out) };
-        }
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
+        // feature the copy is compiled for.
+        FloatLevel::Avx512 => unsafe { attend_avx512(queries, head, scale, scores, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2.
+        FloatLevel::Avx2 => unsafe { attend_avx2(queries, head, scale, scores, out) },
+        _ => attend_portable(queries, head, scale, scores, out),
     }
-    attend_portable(queries, head, scale, scores, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -361,7 +369,6 @@ mod tests {
 
     /// The AVX-512 and AVX2 paths equal the portable one bit for bit (where the CPU has them).
     #[test]
-    #[allow(unsafe_code)]
     fn attend_cached_is_the_same_on_every_path() {
         let (group, d_k, len, stride) = (3, 64, 50, 192);
         let keys = values(len * stride, 4);
@@ -381,25 +388,15 @@ mod tests {
         attend_portable(&queries, cache, 0.125, &mut s2, Some(&mut o2));
         assert_eq!(s1, s2);
         assert_eq!(o1, o2);
-        #[cfg(target_arch = "x86_64")]
-        for (path, available) in [
-            ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-            ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-        ] {
-            if !available {
-                eprintln!("attend_cached: this CPU has no {path}, its path is not compared");
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("attend_cached: this CPU has no {level:?}, its path is not compared");
                 continue;
             }
             let (mut s3, mut o3) = (Vec::new(), vec![0.0; group * d_k]);
-            // SAFETY: the CPU has the path's feature (checked above).
-            unsafe {
-                match path {
-                    "avx512f" => attend_avx512(&queries, cache, 0.125, &mut s3, Some(&mut o3)),
-                    _ => attend_avx2(&queries, cache, 0.125, &mut s3, Some(&mut o3)),
-                }
-            }
-            assert_eq!(s3, s2, "{path}");
-            assert_eq!(o3, o2, "{path}");
+            attend_on(level, &queries, cache, 0.125, &mut s3, Some(&mut o3));
+            assert_eq!(s3, s2, "{level:?}");
+            assert_eq!(o3, o2, "{level:?}");
         }
     }
 

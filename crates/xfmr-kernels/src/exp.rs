@@ -1,6 +1,8 @@
 //! A vectorised `exp` for the rows of a softmax: [`exp_shifted`] (`x ← exp(x - max)` and the
 //! row's sum) over [`exp_nonpositive`].
 
+use crate::cpu::FloatLevel;
+
 /// Lanes of the vectorised loops (an AVX-512 register of f32).
 pub(crate) const LANES: usize = 16;
 
@@ -11,27 +13,32 @@ pub(crate) const LANES: usize = 16;
 /// Waite) and `p` Cephes' polynomial for `expf` on `|r| ≤ ln 2 / 2`: within 1 ulp of the
 /// correctly rounded value (measured over every f32 in `[-87, 0]`: at most 0.99 ulp, a
 /// relative error of at most 0.70·2⁻²³; the test checks 1 ulp on a grid). Written without
-/// branches over lanes of 16 and compiled for AVX-512 or AVX2 when the CPU has them (chosen at
-/// run time; the same operations in the same order on every path, so the result does not
-/// depend on the CPU), because a scalar libm `expf` per score is slow (docs/benchmarks.md).
-#[allow(unsafe_code)]
+/// branches over lanes of 16 and compiled for AVX-512 or AVX2 when the CPU has them (the
+/// [`FloatLevel`] probed at run time; the same operations in the same order on every level, so
+/// the result does not depend on the CPU), because a scalar libm `expf` per score is slow
+/// (docs/benchmarks.md).
 pub fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
+    exp_shifted_on(FloatLevel::detect(), row, max)
+}
+
+/// [`exp_shifted`] on `level`, which must be available (asserted in all builds).
+#[allow(unsafe_code)]
+fn exp_shifted_on(level: FloatLevel, row: &mut [f32], max: f32) -> f32 {
     debug_assert!(
         row.iter().all(|&x| x <= max || x.is_nan()),
         "exp_shifted: {max} is not the row's maximum"
     );
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, the only feature the function is compiled for.
-            return unsafe { exp_shifted_avx512(row, max) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { exp_shifted_avx2(row, max) };
-        }
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
+        // feature the copy is compiled for.
+        FloatLevel::Avx512 => unsafe { exp_shifted_avx512(row, max) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2.
+        FloatLevel::Avx2 => unsafe { exp_shifted_avx2(row, max) },
+        _ => exp_shifted_portable(row, max),
     }
-    exp_shifted_portable(row, max)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -126,5 +133,39 @@ mod tests {
         let mut ignored = [f32::NEG_INFINITY, 0.0];
         assert_eq!(exp_shifted(&mut ignored, 0.0), 1.0);
         assert_eq!(ignored, [0.0, 1.0]);
+    }
+
+    /// Every level this CPU has (AVX-512F, AVX2) gives the portable loop's values and sum, bit
+    /// for bit, on a row with a tail past the last 16 lanes, ignored keys and arguments below
+    /// -87.
+    #[test]
+    fn exp_shifted_is_the_same_on_every_path() {
+        let row: Vec<f32> = (0..1_000)
+            .map(|i| match i % 97 {
+                0 => f32::NEG_INFINITY,
+                1 => -90.0,
+                _ => -((i * 37 % 1_001) as f32) * 0.0871,
+            })
+            .collect();
+        let mut portable = row.clone();
+        let sum = exp_shifted_on(FloatLevel::Portable, &mut portable, 0.0);
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("exp_shifted: this CPU has no {level:?}, its path is not compared");
+                continue;
+            }
+            let mut got = row.clone();
+            assert_eq!(
+                exp_shifted_on(level, &mut got, 0.0).to_bits(),
+                sum.to_bits(),
+                "{level:?}"
+            );
+            assert!(
+                got.iter()
+                    .zip(&portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{level:?}"
+            );
+        }
     }
 }

@@ -185,23 +185,23 @@ impl<B: Backend> LanguageModel<B> {
         // Every id the tokenizer gives must have an embedding row, and every row the model
         // can choose must decode: the two counts agree before any weight is read.
         let rows = LlamaConfig::from_gguf(gguf)?.vocab_size;
-        if tokenizer.n_tokens != rows {
+        if tokenizer.n_tokens() != rows {
             return Err(GgufError::metadata(
                 "tokenizer.ggml.tokens",
                 format!(
                     "{} tokens, but token_embd.weight has {rows} rows",
-                    tokenizer.n_tokens
+                    tokenizer.n_tokens()
                 ),
             )
             .into());
         }
         let (config, model) = match format {
             WeightFormat::F32 => {
-                let (config, model) = llama::load_llama(gguf, tokenizer.pad_id, device)?;
+                let (config, model) = llama::load_llama(gguf, tokenizer.pad_id(), device)?;
                 (config, LmWeights::F32(model))
             }
             WeightFormat::Quantized => {
-                let model = QuantizedLlama::from_gguf(gguf, tokenizer.pad_id)?;
+                let model = QuantizedLlama::from_gguf(gguf, tokenizer.pad_id())?;
                 (model.config.clone(), LmWeights::Quantized(model))
             }
         };
@@ -253,7 +253,7 @@ impl<B: Backend> LanguageModel<B> {
 
     /// Greedy decoding of at most `max_tokens`, stopping at the file's end token.
     pub fn greedy(&self, max_tokens: usize) -> GenerationOptions {
-        GenerationOptions::greedy(max_tokens, self.tokenizer.eos_id, self.tokenizer.pad_id)
+        GenerationOptions::greedy(max_tokens, self.tokenizer.eos_id(), self.tokenizer.pad_id())
     }
 
     /// Continues `prompt`, calling `on_text` with each piece of text as soon as it is whole.

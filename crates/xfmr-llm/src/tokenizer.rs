@@ -58,25 +58,24 @@ impl Message {
 /// The most instructions one rendering of a chat template may run (minijinja's fuel).
 pub const CHAT_TEMPLATE_FUEL: u64 = 10_000_000;
 
-/// A GGUF file's tokenizer, special ids and chat template.
+/// A GGUF file's tokenizer, special ids and chat template. Read with its methods, as
+/// `xfmr_train::SubwordTokenizer` is (`eos_id()`, `pad_id()`, ...).
 #[derive(Clone)]
 pub struct GgufTokenizer {
     /// The Hugging Face tokenizer.
-    pub tokenizer: Tokenizer,
+    tokenizer: Tokenizer,
     /// `tokenizer.ggml.bos_token_id`.
-    pub bos_id: Option<u32>,
+    bos_id: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`: generation stops there.
-    pub eos_id: u32,
+    eos_id: u32,
     /// `tokenizer.ggml.padding_token_id`, else the end id.
-    pub pad_id: u32,
+    pad_id: u32,
     /// `tokenizer.ggml.add_bos_token`: prompts start with the BOS id.
-    pub add_bos: bool,
+    add_bos: bool,
     /// `tokenizer.chat_template`, a Jinja template.
-    pub chat_template: Option<String>,
-    /// The number of tokens in the file (`tokenizer.ggml.tokens`): every id is below it. It
-    /// can exceed the tokenizer's own vocabulary size when the file spells two ids alike (the
-    /// later one is the one text encodes to, as in llama.cpp).
-    pub n_tokens: usize,
+    chat_template: Option<String>,
+    /// The number of tokens in the file (`tokenizer.ggml.tokens`).
+    n_tokens: usize,
 }
 
 impl std::fmt::Debug for GgufTokenizer {
@@ -108,6 +107,50 @@ fn byte_chars() -> [char; 256] {
 }
 
 impl GgufTokenizer {
+    /// The Hugging Face tokenizer the file's vocabulary and merges make.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// `tokenizer.ggml.bos_token_id`, if the file has one.
+    pub fn bos_id(&self) -> Option<u32> {
+        self.bos_id
+    }
+
+    /// `tokenizer.ggml.eos_token_id`: generation stops there.
+    pub fn eos_id(&self) -> u32 {
+        self.eos_id
+    }
+
+    /// `tokenizer.ggml.padding_token_id`, else the end id.
+    pub fn pad_id(&self) -> u32 {
+        self.pad_id
+    }
+
+    /// `tokenizer.ggml.add_bos_token`: whether [`encode`](Self::encode) starts a prompt with
+    /// the BOS id.
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// `tokenizer.chat_template`, a Jinja template, if the file has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// With another chat template (`None`: none), as if the file had said so.
+    pub fn with_chat_template(mut self, template: Option<String>) -> Self {
+        self.chat_template = template;
+        self
+    }
+
+    /// The number of tokens in the file (`tokenizer.ggml.tokens`): every id is below it. It
+    /// can exceed the tokenizer's own vocabulary size when the file spells two ids alike (the
+    /// later one is the one text encodes to, as in llama.cpp).
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
     /// Builds the tokenizer from `gguf`'s metadata.
     ///
     /// # Errors

@@ -14,8 +14,8 @@ use xfmr_blocks::{
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
 use crate::{
-    check_ids, check_pad_id, check_positive, rows_within, vocab_logits, vocab_logits_within,
-    ModelError, LOGITS_CHUNK_BYTES,
+    check_ids, check_pad_id, check_positive, pad_rows, rows_within, vocab_logits,
+    vocab_logits_within, ModelError, PadSide, LOGITS_CHUNK_BYTES,
 };
 
 /// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
@@ -319,14 +319,7 @@ impl<B: Backend> DecoderOnly<B> {
             )));
         }
         let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let first = prompts
-            .iter()
-            .map(|p| {
-                let mut row = vec![self.pad_id; len - p.len()];
-                row.extend(p);
-                row
-            })
-            .collect::<Vec<_>>();
+        let first = pad_rows(prompts, self.pad_id, PadSide::Left);
         let mut state = self.start(prompts.len());
         for (row, p) in state.ignored.iter_mut().zip(prompts) {
             // Leading pads are ignored keys for the rest of the decoding.

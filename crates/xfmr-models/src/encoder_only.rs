@@ -66,17 +66,6 @@ impl EncoderOnlyConfig {
             .with_positions(PositionEncoding::Learned)
     }
 
-    /// BERT-base widths: d_model 768, 12 heads, d_ff 3072, 12 layers.
-    pub fn bert_base(vocab_size: usize) -> Self {
-        Self::new(vocab_size, Self::bert_layer(768, 12, 3072), 12)
-    }
-
-    /// all-MiniLM-L6-v2 (sentence-transformers): vocab 30522, d_model 384, 12 heads,
-    /// d_ff 1536, 6 layers, 512 positions, 2 segment types.
-    pub fn minilm_l6() -> Self {
-        Self::new(30522, Self::bert_layer(384, 12, 1536), 6)
-    }
-
     /// A toy model for tests: d_model 64, 4 heads, d_ff 128, 2 layers.
     pub fn tiny(vocab_size: usize) -> Self {
         Self::new(vocab_size, Self::bert_layer(64, 4, 128), 2)
@@ -273,7 +262,7 @@ impl<B: Backend> EncoderOnly<B> {
 
     /// The mask of `pad_id` positions.
     pub fn padding_mask(&self, ids: Tensor<B, 2, Int>) -> AttnMask<B> {
-        AttnMask::padding_from_ids(ids, self.pad_id as i64)
+        AttnMask::padding_from_ids(ids, self.pad_id)
     }
 
     /// Pools token states into one vector per sequence.

@@ -106,6 +106,17 @@ impl ModelError {
     }
 }
 
+/// [`ModelError::InvalidConfig`].
+impl From<xfmr_attention::InvalidConfig> for ModelError {
+    fn from(e: xfmr_attention::InvalidConfig) -> Self {
+        Self::InvalidConfig {
+            field: e.field,
+            value: e.value,
+            expected: e.expected,
+        }
+    }
+}
+
 /// [`ModelError::Io`].
 impl From<IoError> for ModelError {
     fn from(e: IoError) -> Self {

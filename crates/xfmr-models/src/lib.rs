@@ -3,8 +3,9 @@
 //! Whole models on the xfmr blocks, generic over burn backends:
 //!
 //! - [`Transformer`]: the paper's encoder-decoder translation model, with the `base` and `big`
-//!   presets, teacher-forced training ([`shift_right`], [`cross_entropy_smoothed_over_vocab`] with label
-//!   smoothing) and translation through the decoder's key/value cache.
+//!   presets, teacher-forced training ([`shift_right`], [`LabelSmoothedCrossEntropy`]: the
+//!   label-smoothed loss every family trains with) and translation through the decoder's
+//!   key/value cache.
 //! - [`EncoderOnly`]: BERT-like (token + learned position + segment embeddings, embedding
 //!   LayerNorm, post-norm GELU encoder), with pooling and MLM / classification heads, and
 //!   [`hf`] import of Hugging Face BERT checkpoints.
@@ -32,6 +33,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 pub mod checkpoint;
 mod decoder_only;
 mod encoder_only;
@@ -41,6 +43,7 @@ pub mod hf;
 mod loss;
 mod transformer;
 
+pub use batch::{pad_rows, padded_ids, PadSide};
 pub use decoder_only::{DecoderOnly, DecoderOnlyConfig, LmState};
 pub use encoder_only::{l2_normalize, EncoderOnly, EncoderOnlyConfig, MlmHead, Pooling};
 pub use error::ModelError;
@@ -48,7 +51,10 @@ pub use generate::{
     BeamOptions, Generation, GenerationOptions, Hypothesis, IncrementalDecoder, SampleOptions,
     Strategy,
 };
-pub use loss::{cross_entropy_smoothed_over_vocab, shift_right};
+pub use loss::{
+    shift_right, LabelSmoothedCrossEntropy, LabelSmoothedCrossEntropyConfig, SmoothedLoss,
+    SmoothingMass,
+};
 pub use transformer::{AttentionMaps, Memory, Seq2SeqState, Transformer, TransformerConfig};
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};

@@ -1,7 +1,35 @@
 //! Teacher forcing: shifted decoder inputs and the label-smoothed cross-entropy of the paper
-//! (§5.4, ε_ls = 0.1).
+//! (§5.4, ε_ls = 0.1), the one loss every model family trains with.
+//!
+//! **Label smoothing.** Each non-padding target `y` is compared with a distribution `q` that puts
+//! `1 − ε` on `y` and spreads `ε` evenly over a set `S` of tokens, `s = ε / |S|` each; which set is
+//! the loss's [`SmoothingMass`]:
+//!
+//! ```text
+//! L_t = −(1 − ε) · log p(y_t) − s · Σ_{v ∈ S} log p(v)
+//! L   = Σ_t L_t / #{t : y_t ≠ pad}
+//! ```
+//!
+//! - [`SmoothingMass::NonPadding`] (the default, the trainer's): `S` = the `V − 2` tokens that
+//!   are neither `y_t` nor padding (padding is never a prediction, so it gets no mass);
+//! - [`SmoothingMass::AllTokens`]: `S` = the whole vocabulary, padding and `y_t` included
+//!   (PyTorch's `label_smoothing`, tensor2tensor's uniform mixture).
+//!
+//! Padding positions are left out of the sum and of the count. ε = 0 is the plain negative
+//! log-likelihood, which is also returned (its exponential is the perplexity).
+//!
+//! **Gradient.** `∂L/∂z_tv = [y_t ≠ pad] / #{t : y_t ≠ pad} · (p_tv − q_tv)`, with `p` the softmax
+//! of the logits `z`. The loss hands autodiff this closed form (computed from the same row
+//! statistics as the value) instead of differentiating its own formula, which saves the
+//! log-softmax's backward passes over the `[tokens, V]` logits; PyTorch's fused
+//! `cross_entropy` backward does the same. Tests compare it with the autodiff of the formula
+//! and with PyTorch's gradients.
 
-use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor};
+use burn::config::Config;
+use burn::tensor::{backend::Backend, ElementConversion, IndexingUpdateOp, Int, Tensor};
+use xfmr_attention::InvalidConfig;
+
+use crate::ModelError;
 
 /// Decoder input for teacher forcing: the target shifted right behind `bos_id`
 /// (`[bos, y₀, …, y_{n-2}]`), so position `i` predicts `yᵢ` from `y_{<i}`.
@@ -14,48 +42,179 @@ pub fn shift_right<B: Backend>(targets: Tensor<B, 2, Int>, bos_id: u32) -> Tenso
     Tensor::cat(vec![bos, targets.narrow(1, 0, seq - 1)], 1)
 }
 
-/// Mean cross-entropy over the non-padding targets, with label smoothing `ε`:
-/// `(1 − ε)·(−log p(y)) + ε·mean_v(−log p(v))` (the uniform-mixture form used by
-/// tensor2tensor and PyTorch's `label_smoothing`). `ε = 0` is plain cross-entropy.
-///
-/// Padding targets are left out of the average, but the smoothing mass is spread over the whole
-/// vocabulary, padding included (hence the name); the trainer's loss,
-/// `xfmr_train::loss::label_smoothed_loss_skipping_pad`, gives padding none.
-///
-/// # Shapes
-/// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
-/// - output: `[1]`
-///
-/// # Panics
-/// If the shapes disagree.
-pub fn cross_entropy_smoothed_over_vocab<B: Backend>(
-    logits: Tensor<B, 3>,
-    targets: Tensor<B, 2, Int>,
+/// Which tokens label smoothing spreads its mass `ε` over (see the module docs).
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum SmoothingMass {
+    /// The `V − 2` tokens that are neither the target nor padding: padding is never a
+    /// prediction. The trainer's choice.
+    NonPadding,
+    /// Every token, padding and the target included: PyTorch's `label_smoothing`.
+    AllTokens,
+}
+
+/// Configuration of [`LabelSmoothedCrossEntropy`], in the shape of burn's
+/// `CrossEntropyLossConfig`: the padding id, `ε` and where its mass goes.
+#[derive(Config, Debug)]
+pub struct LabelSmoothedCrossEntropyConfig {
+    /// Targets equal to it are left out of the loss (and, with
+    /// [`SmoothingMass::NonPadding`], of the smoothing mass).
+    pub pad_id: u32,
+    /// `ε`, in `[0, 1)`. Default: the paper's 0.1.
+    #[config(default = 0.1)]
+    pub epsilon: f64,
+    /// Where `ε` goes. Default: [`SmoothingMass::NonPadding`].
+    #[config(default = "SmoothingMass::NonPadding")]
+    pub mass: SmoothingMass,
+}
+
+impl LabelSmoothedCrossEntropyConfig {
+    /// The loss.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidConfig`] for `epsilon` outside `[0, 1)`.
+    pub fn init(&self) -> Result<LabelSmoothedCrossEntropy, ModelError> {
+        InvalidConfig::check(
+            (0.0..1.0).contains(&self.epsilon),
+            "epsilon",
+            self.epsilon,
+            "a smoothing mass in [0, 1)",
+        )?;
+        Ok(LabelSmoothedCrossEntropy {
+            pad_id: self.pad_id,
+            epsilon: self.epsilon,
+            mass: self.mass,
+        })
+    }
+}
+
+/// The label-smoothed cross-entropy of the module docs, with its gradient in closed form. Make
+/// it with [`LabelSmoothedCrossEntropyConfig`].
+#[derive(Debug, Clone, Copy)]
+pub struct LabelSmoothedCrossEntropy {
     pad_id: u32,
-    label_smoothing: f64,
+    epsilon: f64,
+    mass: SmoothingMass,
+}
+
+/// The smoothed loss to minimise and the plain negative log-likelihood, both averaged over the
+/// non-padding targets.
+#[derive(Debug, Clone)]
+pub struct SmoothedLoss<B: Backend> {
+    /// `L` of the module docs: what the optimiser minimises. Shape `[1]`.
+    pub loss: Tensor<B, 1>,
+    /// Mean `−log p(y_t)` over the non-padding targets (detached). Shape `[1]`.
+    pub nll: Tensor<B, 1>,
+    /// Number of non-padding targets.
+    pub tokens: usize,
+}
+
+impl LabelSmoothedCrossEntropy {
+    /// The loss of `logits` against `targets`.
+    ///
+    /// # Shapes
+    /// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
+    ///
+    /// # Panics
+    /// If the shapes disagree; with [`SmoothingMass::NonPadding`], if `vocab < 3` or
+    /// `pad_id >= vocab` (the smoothing set would be empty or the padding column missing).
+    pub fn forward<B: Backend>(
+        &self,
+        logits: Tensor<B, 3>,
+        targets: Tensor<B, 2, Int>,
+    ) -> SmoothedLoss<B> {
+        let [batch, seq, vocab] = logits.dims();
+        assert_eq!(
+            targets.dims(),
+            [batch, seq],
+            "LabelSmoothedCrossEntropy: targets {:?} do not match logits {:?}",
+            targets.dims(),
+            logits.dims()
+        );
+        let (epsilon, pad_id) = (self.epsilon, self.pad_id);
+        let non_padding = self.mass == SmoothingMass::NonPadding;
+        if non_padding {
+            assert!(vocab >= 3, "LabelSmoothedCrossEntropy: vocab {vocab} < 3");
+            assert!(
+                (pad_id as usize) < vocab,
+                "LabelSmoothedCrossEntropy: pad {pad_id} ≥ vocab {vocab}"
+            );
+        }
+        let n = batch * seq;
+        let device = logits.device();
+        let logits = logits.reshape([n, vocab]);
+        // Every statistic below is computed outside the autodiff graph; the graph gets one
+        // product whose gradient is the closed form (see `with_gradient`).
+        let z = logits.clone().detach();
+        let targets = targets.reshape([n, 1]);
+        let keep = targets.clone().not_equal_elem(i64::from(pad_id)).float(); // [n, 1]
+        let tokens = keep.clone().sum().into_scalar().elem::<f64>().round() as usize;
+        let count = tokens.max(1) as f64;
+
+        // log p(v) = z_v − log Z with log Z = m + log Σ_v exp(z_v − m), m the row maximum.
+        let max = z.clone().max_dim(1); // [n, 1]
+        let exp = (z.clone() - max.clone()).exp(); // [n, V]
+        let sum_exp = exp.clone().sum_dim(1); // [n, 1]
+        let log_z = max + sum_exp.clone().log();
+        let z_target = z.clone().gather(1, targets.clone());
+        // Σ_{v ∈ S} log p(v) = Σ_{v ∈ S} z_v − |S| log Z.
+        let (set_size, set_sum) = if non_padding {
+            let z_pad = z.clone().narrow(1, pad_id as usize, 1);
+            (vocab - 2, z.sum_dim(1) - z_target.clone() - z_pad)
+        } else {
+            (vocab, z.sum_dim(1))
+        };
+        let others = set_sum - log_z.clone().mul_scalar(set_size as f64);
+        let target_lp = z_target - log_z; // [n, 1]
+        let smooth = epsilon / set_size as f64;
+        let per_token = target_lp.clone().mul_scalar(-(1.0 - epsilon)) - others.mul_scalar(smooth);
+        let loss = (per_token * keep.clone()).sum().div_scalar(count);
+        let nll = (target_lp.neg() * keep.clone()).sum().div_scalar(count);
+        if !B::ad_enabled(&device) {
+            return SmoothedLoss { loss, nll, tokens };
+        }
+
+        // ∂L/∂z_tv = w_t (p_tv − q_tv), w_t = keep_t / count: p − s everywhere, then at the
+        // target − (1 − ε) (all tokens: q_y = 1 − ε + s) or − (1 − ε − s) (non-padding: q_y =
+        // 1 − ε), and at the padding column + s (non-padding: q_pad = 0), added by one scatter.
+        let weight = keep.div_scalar(count); // [n, 1]
+        let gradient = (exp - sum_exp.clone().mul_scalar(smooth)) * (weight.clone() / sum_exp);
+        let gradient = if non_padding {
+            // `full_like`: the target ids' own integer type, which `cat` needs.
+            let pad_column = targets.full_like(i64::from(pad_id));
+            let columns = Tensor::cat(vec![targets, pad_column], 1);
+            let corrections = Tensor::cat(
+                vec![
+                    weight.clone().mul_scalar(-(1.0 - epsilon - smooth)),
+                    weight.mul_scalar(smooth),
+                ],
+                1,
+            );
+            gradient.scatter(1, columns, corrections, IndexingUpdateOp::Add)
+        } else {
+            let corrections = weight.mul_scalar(-(1.0 - epsilon));
+            gradient.scatter(1, targets, corrections, IndexingUpdateOp::Add)
+        };
+        SmoothedLoss {
+            loss: with_gradient(loss, logits, gradient),
+            nll,
+            tokens,
+        }
+    }
+}
+
+/// `value` (detached, shape `[1]`) whose gradient with respect to `input` is `gradient`
+/// (detached, `input`'s shape): `value + (Σ input ⊙ gradient − (Σ input ⊙ gradient)ₓ)`, where
+/// `ₓ` detaches. The two sums are one tensor, so their difference is exactly 0, and the
+/// backward pass through the graph is one element-wise product.
+///
+/// This replaces the autodiff of the loss's own formula (log-softmax, gather, slice and their
+/// backward passes: ~17 whole-tensor passes over `[tokens, V]`) by its closed form. Only first
+/// derivatives are right: nothing here differentiates the gradient again.
+fn with_gradient<B: Backend, const D: usize>(
+    value: Tensor<B, 1>,
+    input: Tensor<B, D>,
+    gradient: Tensor<B, D>,
 ) -> Tensor<B, 1> {
-    let [batch, seq, vocab] = logits.dims();
-    assert_eq!(
-        targets.dims(),
-        [batch, seq],
-        "cross_entropy_smoothed_over_vocab: targets {:?} do not match logits {:?}",
-        targets.dims(),
-        logits.dims()
-    );
-    let log_probs = log_softmax(logits.reshape([batch * seq, vocab]), 1);
-    let targets = targets.reshape([batch * seq, 1]);
-    let keep = targets
-        .clone()
-        .not_equal_elem(pad_id as i64)
-        .float()
-        .reshape([batch * seq]);
-    let nll = log_probs
-        .clone()
-        .gather(1, targets)
-        .reshape([batch * seq])
-        .neg();
-    let smooth = log_probs.mean_dim(1).reshape([batch * seq]).neg();
-    let per_token = nll.mul_scalar(1.0 - label_smoothing) + smooth.mul_scalar(label_smoothing);
-    let count = keep.clone().sum().clamp_min(1.0);
-    (per_token * keep).sum() / count
+    let surrogate = (input * gradient).sum();
+    value.detach() + (surrogate.clone() - surrogate.detach())
 }

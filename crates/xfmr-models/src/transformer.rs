@@ -11,7 +11,9 @@ use xfmr_blocks::{
 };
 
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
-use crate::{check_ids, check_pad_id, check_positive, int_tensor, vocab_logits, ModelError};
+use crate::{
+    check_ids, check_pad_id, check_positive, padded_ids, vocab_logits, ModelError, PadSide,
+};
 
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
 /// [`base`](Self::base) and [`big`](Self::big) are its two models (Table 3), and
@@ -175,7 +177,7 @@ impl<B: Backend> Transformer<B> {
         &self,
         src: Tensor<B, 2, Int>,
     ) -> Result<(Tensor<B, 3>, AttnMask<B>), ModelError> {
-        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id as i64);
+        let mask = AttnMask::padding_from_ids(src.clone(), self.pad_id);
         Ok((self.embed(&self.src_embedding, src, 0)?, mask))
     }
 
@@ -304,17 +306,7 @@ impl<B: Backend> Transformer<B> {
         check_ids("source", sources, src_vocab)?;
         check_ids("bos_id", &[vec![bos_id]], self.tgt_vocab_size())?;
         let device = self.src_embedding.weight.device();
-        let len = sources.iter().map(Vec::len).max().unwrap_or(0);
-        let flat: Vec<i64> = sources
-            .iter()
-            .flat_map(|s| {
-                s.iter()
-                    .map(|&t| t as i64)
-                    .chain(std::iter::repeat(self.pad_id as i64))
-                    .take(len)
-            })
-            .collect();
-        let src = int_tensor::<B, 2>(flat, [sources.len(), len], &device);
+        let src = padded_ids::<B, u32>(sources, self.pad_id, PadSide::Right, &device);
         let state = self.start(&self.encode(src)?);
         let first = vec![vec![bos_id]; sources.len()];
         generate::generate(self, state, first, options)

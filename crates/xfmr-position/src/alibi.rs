@@ -7,6 +7,8 @@
 use burn::config::Config;
 use burn::tensor::{backend::Backend, Tensor};
 
+use xfmr_attention::InvalidConfig;
+
 use crate::{host_tensor, PositionError};
 
 /// The published ALiBi slopes for `n_heads` heads.
@@ -43,9 +45,7 @@ impl AlibiConfig {
     /// # Errors
     /// Zero heads.
     pub fn init(&self) -> Result<Alibi, PositionError> {
-        if self.n_heads == 0 {
-            return Err(PositionError::ZeroDim { name: "n_heads" });
-        }
+        InvalidConfig::positive("n_heads", self.n_heads)?;
         Ok(Alibi {
             slopes: alibi_slopes(self.n_heads),
         })

@@ -6,19 +6,17 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Error)]
 #[non_exhaustive]
 pub enum PositionError {
-    /// A dimension that must be positive is zero.
-    #[error("`{name}` must be positive, got 0")]
-    ZeroDim {
-        /// Which dimension.
-        name: &'static str,
-    },
-    /// A dimension that must be even is odd (rotary pairs).
-    #[error("`{name}` must be even, got {value}")]
-    OddDim {
-        /// Which dimension.
-        name: &'static str,
+    /// A configuration value out of its range (a zero width, an odd rotary width, a base not
+    /// above 1, a dropout probability outside `[0, 1)`): the same variant, with the same
+    /// fields, as every xfmr crate's error.
+    #[error("invalid configuration: `{field}` = {value}: {expected}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
         /// Its value.
-        value: usize,
+        value: String,
+        /// What is accepted.
+        expected: &'static str,
     },
     /// Positions requested beyond a fixed table.
     #[error(
@@ -50,16 +48,14 @@ pub enum PositionError {
         /// Position width.
         d_position: usize,
     },
-    /// Dropout probability outside `[0, 1)`.
-    #[error("dropout probability must be in [0, 1), got {prob}")]
-    InvalidDropout {
-        /// The rejected probability.
-        prob: f64,
-    },
-    /// A base that must be greater than 1.
-    #[error("base must be > 1, got {base}")]
-    InvalidBase {
-        /// The rejected base.
-        base: f64,
-    },
+}
+
+impl From<xfmr_attention::InvalidConfig> for PositionError {
+    fn from(e: xfmr_attention::InvalidConfig) -> Self {
+        Self::InvalidConfig {
+            field: e.field,
+            value: e.value,
+            expected: e.expected,
+        }
+    }
 }

@@ -5,7 +5,9 @@ use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig};
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::{check_dropout, PositionError};
+use xfmr_attention::InvalidConfig;
+
+use crate::PositionError;
 
 /// How position vectors join token embeddings.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -53,7 +55,7 @@ impl PositionInjectionConfig {
                 d_position: self.d_position,
             });
         }
-        check_dropout(self.dropout)?;
+        InvalidConfig::dropout("dropout", self.dropout)?;
         Ok(PositionInjection {
             combine: self.combine,
             dropout: DropoutConfig::new(self.dropout).init(),

@@ -4,6 +4,8 @@ use burn::config::Config;
 use burn::module::{Initializer, Module, Param};
 use burn::tensor::{backend::Backend, Tensor};
 
+use xfmr_attention::InvalidConfig;
+
 use crate::PositionError;
 
 /// Configuration of [`LearnedPositionEmbedding`].
@@ -27,12 +29,8 @@ impl LearnedPositionConfig {
         &self,
         device: &B::Device,
     ) -> Result<LearnedPositionEmbedding<B>, PositionError> {
-        if self.max_len == 0 {
-            return Err(PositionError::ZeroDim { name: "max_len" });
-        }
-        if self.d_model == 0 {
-            return Err(PositionError::ZeroDim { name: "d_model" });
-        }
+        InvalidConfig::positive("max_len", self.max_len)?;
+        InvalidConfig::positive("d_model", self.d_model)?;
         Ok(LearnedPositionEmbedding {
             table: self.initializer.init_with(
                 [self.max_len, self.d_model],

@@ -64,10 +64,7 @@ pub(crate) fn host_tensor<B: Backend, const D: usize>(
     )
 }
 
-pub(crate) fn check_dropout(prob: f64) -> Result<(), PositionError> {
-    if (0.0..1.0).contains(&prob) {
-        Ok(())
-    } else {
-        Err(PositionError::InvalidDropout { prob })
-    }
+/// A sinusoid or rotation base: greater than 1 (not NaN).
+pub(crate) fn check_base(base: f64) -> Result<(), xfmr_attention::InvalidConfig> {
+    xfmr_attention::InvalidConfig::check(base > 1.0, "base", base, "must be greater than 1")
 }

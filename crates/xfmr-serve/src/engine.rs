@@ -237,7 +237,7 @@ impl Active<'_> {
             row[id as usize] += bias;
         }
         let token = self.job.chooser.choose_from_logits(row);
-        if token == tokenizer.eos_id {
+        if token == tokenizer.eos_id() {
             return self.finish_with_tail(Finish::Stop, tokenizer);
         }
         self.generated += 1;

@@ -8,8 +8,9 @@ use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde_json::json;
 use thiserror::Error;
+
+use crate::api::{ErrorBody, ErrorDetail};
 
 /// What can go wrong starting a server.
 #[derive(Debug, Error)]
@@ -175,18 +176,26 @@ impl ApiError {
 
     /// The error body, `{"error": {...}}`.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind,
-            "param": self.param,
-            "code": self.code,
-        }})
+        // A struct of strings always converts.
+        serde_json::to_value(self.error_body()).unwrap_or_default()
+    }
+
+    /// The error body, typed.
+    pub(crate) fn error_body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.map(str::to_string),
+                message: self.message.clone(),
+                param: self.param.clone(),
+                kind: self.kind.to_string(),
+            },
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.body())).into_response()
+        (self.status, axum::Json(self.error_body())).into_response()
     }
 }
 

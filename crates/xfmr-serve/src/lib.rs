@@ -46,9 +46,19 @@
 
 #![warn(missing_docs)]
 
+// The request and response bodies, one type each.
+mod api;
+// The language model's continuous batching.
 mod engine;
+// `ServeError`, `ApiError` and the request-body extractor.
 mod error;
-mod routes;
+// One module per endpoint (or pair of endpoints).
+mod handlers;
+// The router, the page and the accept loop.
+mod http;
+// Streamed generations as server-sent events.
+mod sse;
+// The encoder models' thread.
 mod worker;
 
 use std::net::SocketAddr;
@@ -57,8 +67,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use burn::tensor::backend::Backend;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use xfmr_llm::{GgufTokenizer, LanguageModel, QuantizedLlama};
@@ -208,7 +216,7 @@ impl<B: Backend> Server<B> {
     }
 
     /// Serves a trained translation model and its vocabulary under `name` (translations,
-    /// attention); [`xfmr_train::trainer::load_run_model`] loads one from a run directory.
+    /// attention); [`xfmr_train::RunDir::load_model`] loads one from a run directory.
     ///
     /// # Errors
     /// [`ServeError::DuplicateName`].
@@ -282,7 +290,7 @@ impl<B: Backend> Server<B> {
         };
         let worker = Worker::spawn(models, config.max_waiting).map_err(ServeError::Runtime)?;
         let idle = config.idle_timeout;
-        let app = routes::router(Arc::new(AppState {
+        let app = http::router(Arc::new(AppState {
             config,
             started: unix_now(),
             llm,
@@ -303,7 +311,7 @@ impl<B: Backend> Server<B> {
             .spawn(move || {
                 runtime.block_on(async move {
                     match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => accept_loop(listener, app, idle, stop).await,
+                        Ok(listener) => http::accept_loop(listener, app, idle, stop).await,
                         Err(e) => eprintln!("xfmr serve: {local}: {e}"),
                     }
                 })
@@ -357,35 +365,4 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// Accepts connections until `shutdown` turns true: each served by hyper's HTTP/1 with the
-/// header-read timeout (idle keep-alive connections are closed after it).
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    idle: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                // Out of descriptors and the like: wait a little, keep serving.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let service = TowerToHyperService::new(app.clone());
-        tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(idle)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }

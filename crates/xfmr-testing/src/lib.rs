@@ -8,6 +8,20 @@
 //!   fixture is a test failure, never a skip.
 //! - [`assert_close`]: element-wise comparison with a stated absolute and relative tolerance, that
 //!   names the worst element when it fails.
+//!
+//! Behind features, the helpers that several crates' tests, the fuzz targets and the benchmarks
+//! share (so that none includes another crate's file by `#[path]`):
+//! - `gguf`: module `tiny_gguf`, a tiny Llama-family GGUF file with every tensor
+//!   type, written in memory.
+//! - `http`: module `http`, a small HTTP/1.1 client with server-sent events.
+//! - `workloads`: module `workloads`, the benchmark workloads' models and inputs.
+
+#[cfg(feature = "http")]
+pub mod http;
+#[cfg(feature = "gguf")]
+pub mod tiny_gguf;
+#[cfg(feature = "workloads")]
+pub mod workloads;
 
 use std::collections::HashMap;
 use std::fmt;

@@ -10,6 +10,7 @@ use thiserror::Error;
 
 /// What can be wrong with a corpus.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum DataError {
     /// The file could not be read.
     #[error("{}: {source}", path.display())]

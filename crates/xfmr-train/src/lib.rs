@@ -10,23 +10,34 @@
 //!   batches by token count.
 //! - [`distributed`]: data-parallel training over processes and machines on burn's collective
 //!   all-reduce.
-//! - [`loss`]: the label-smoothed cross-entropy of §5.4 with padding left out of the average and
-//!   of the smoothing mass, and the warm-up / inverse-square-root learning rate of §5.3.
+//! - [`schedule`]: the warm-up / inverse-square-root learning rate of §5.3 (the label-smoothed
+//!   loss of §5.4 is xfmr-models' `LabelSmoothedCrossEntropy`).
 //! - [`tokenizer`]: the shared BPE vocabulary, learnt on the training split.
 //! - [`trainer`]: the training loop (burn's Adam, Noam schedule and gradient accumulator),
 //!   checkpoints that resume exactly, checkpoint averaging, validation loss, and the whole run
 //!   ([`Trainer::run`]) reported to an [`Observer`].
 //! - [`translate`]: corpus encoding, translation (greedy or beam, n-best), BLEU and chrF of the
 //!   output.
+//! - [`spec`]: what a run trains: the [`Task`], the model [`Preset`]s and their measured
+//!   defaults, the run's specification ([`RunSpec`]).
+//! - [`run_dir`]: a run directory's layout ([`RunDir`]: specification, vocabulary,
+//!   checkpoints, final model, metrics, decoding choice), read and written in one place.
+//! - [`inference`]: the language models of `lm` and `mlm` runs put to use (continuing text,
+//!   filling in masks).
+//! - [`quickstart`]: a translation model trained on one TSV file in one call.
 //!
 //! This crate sits above `xfmr-models` and below the CLI (see `docs/ARCHITECTURE.md`).
 
 pub mod data;
 pub mod distributed;
-pub mod loss;
+pub mod inference;
 pub mod metrics;
 pub mod objective;
+pub mod quickstart;
 pub mod replicas;
+pub mod run_dir;
+pub mod schedule;
+pub mod spec;
 pub mod tokenizer;
 pub mod trainer;
 pub mod translate;
@@ -35,6 +46,8 @@ pub use distributed::{DataParallel, DataParallelConfig};
 pub use metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, BleuScore, MetricError};
 pub use objective::{CausalLm, Example, MaskedLm, Objective, Translation};
 pub use replicas::{local_devices, open_replicas, run_replicas};
+pub use run_dir::RunDir;
+pub use spec::{Preset, RunSpec, Task};
 pub use tokenizer::SubwordTokenizer;
 pub use trainer::{
     Decay, Event, MetricsFormat, MetricsLog, Observer, Progress, RunSummary, Silent, StepReport,

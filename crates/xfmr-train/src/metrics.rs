@@ -31,6 +31,7 @@ pub const CHRF_BETA: f64 = 2.0;
 
 /// What can be wrong with a metric's input.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum MetricError {
     /// A reference stream whose length differs from the hypotheses'.
     #[error("reference stream {stream} has {refs} segments but there are {hyps} hypotheses")]

@@ -39,6 +39,7 @@ pub const MASK: &str = "<mask>";
 
 /// What can go wrong learning, saving or loading a vocabulary.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TokenizerError {
     /// The `tokenizers` crate failed (training, encoding, decoding).
     #[error("tokenizer: {0}")]

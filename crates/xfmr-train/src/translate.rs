@@ -118,7 +118,7 @@ pub fn translate_best<B: Backend>(
 pub const LENGTH_PENALTIES: [f64; 4] = [0.6, 1.0, 1.5, 2.0];
 
 /// Where a run directory records the length penalty chosen for it ([`DecodingChoice::save`]).
-pub const DECODING_FILE: &str = "decoding.json";
+pub const DECODING_FILE: &str = crate::run_dir::RunDir::DECODING_FILE;
 
 /// The beam search length penalty α chosen for a trained model on held-out pairs, as the paper
 /// chose its α = 0.6 and beam 4 "after experimentation on the development set"; what

@@ -31,8 +31,9 @@ pub fn run(data: &[u8]) {
         messages.push(Message::new(&text(role), &text(content)));
         rest = after;
     }
-    let mut tokenizer = tiny_tokenizer().clone();
-    tokenizer.chat_template = Some(text(template));
+    let tokenizer = tiny_tokenizer()
+        .clone()
+        .with_chat_template(Some(text(template)));
     for add_generation_prompt in [false, true] {
         let _ = tokenizer.render_chat(&messages, add_generation_prompt);
     }

@@ -55,7 +55,7 @@ pub fn run(data: &[u8]) {
         return;
     };
     assert!(
-        tokenizer.eos_id < n && tokenizer.pad_id < n,
+        tokenizer.eos_id() < n && tokenizer.pad_id() < n,
         "special ids in range"
     );
     let input = text(input);
@@ -64,7 +64,7 @@ pub fn run(data: &[u8]) {
     };
     // The file's ids, duplicates included (a file may spell two ids alike: the tokenizer's
     // own vocabulary is then smaller than the file's).
-    assert_eq!(tokenizer.n_tokens, n as usize);
+    assert_eq!(tokenizer.n_tokens(), n as usize);
     let vocab = n;
     assert!(
         ids.iter().all(|&id| id < vocab),

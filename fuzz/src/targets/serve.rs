@@ -16,9 +16,7 @@ use serde_json::Value;
 use xfmr_llm::{Gguf, LanguageModel, WeightFormat};
 use xfmr_serve::{RunningServer, ServeConfig, Server};
 
-#[allow(dead_code)]
-#[path = "../../../crates/xfmr-serve/tests/serve/client.rs"]
-mod client;
+use xfmr_testing::http as client;
 
 /// The routes a body goes to (the first byte of the input picks one).
 const ROUTES: [(&str, &str); 6] = [

@@ -101,7 +101,7 @@ fn invalid_configs_are_typed_errors_with_values() {
         ),
         (
             MultiHeadAttentionConfig::new(32, 0),
-            "`n_heads` must be positive, got 0",
+            "invalid configuration: `n_heads` = 0: must be positive",
         ),
         (
             MultiHeadAttentionConfig::new(32, 4).with_n_kv_heads(Some(3)),
@@ -109,11 +109,11 @@ fn invalid_configs_are_typed_errors_with_values() {
         ),
         (
             MultiHeadAttentionConfig::new(32, 4).with_dropout(1.0),
-            "dropout probability must be in [0, 1), got 1",
+            "invalid configuration: `dropout` = 1: a dropout probability in [0, 1)",
         ),
         (
             MultiHeadAttentionConfig::new(32, 4).with_dropout(-0.1),
-            "dropout probability must be in [0, 1), got -0.1",
+            "invalid configuration: `dropout` = -0.1: a dropout probability in [0, 1)",
         ),
     ];
     for (config, message) in cases {

@@ -80,24 +80,49 @@ fn objective_mlm_trains_fills_masks_and_embeds_from_the_cli() {
     }
 }
 
-#[allow(dead_code)]
-#[path = "../../../../examples/train_custom.rs"]
-mod train_custom;
+/// The downstream example's run (`examples/train_custom.rs`: the library's
+/// `train_translation_on_tsv` with the example's configuration) on a small TSV file for
+/// `steps` steps.
+fn train_custom(
+    tsv: &std::path::Path,
+    run: &std::path::Path,
+    steps: usize,
+) -> Result<xfmr_train::RunSummary, xfmr_train::TrainError> {
+    let config = xfmr_train::TrainConfig::new()
+        .with_steps(steps)
+        .with_max_tokens(1000)
+        .with_warmup(20)
+        .with_eval_every(10)
+        .with_checkpoint_every(10)
+        .with_keep_checkpoints(2)
+        .with_average(2);
+    xfmr_train::quickstart::train_translation_on_tsv::<
+        xfmr::burn::backend::Autodiff<xfmr::burn::backend::NdArray>,
+    >(
+        tsv,
+        &xfmr_train::RunDir::new(run),
+        1000,
+        xfmr::models::TransformerConfig::tiny,
+        config,
+        &mut xfmr_train::Silent,
+        &Default::default(),
+    )
+}
 
-/// `examples/train_custom.rs`, the downstream example, trains on a small TSV file, prints its
-/// validation lines and leaves a final model; run again with a larger budget, it resumes.
+/// The downstream example's library call trains on a small TSV file, reports a validation and
+/// leaves a final model; run again with a larger budget, it resumes.
 #[test]
 fn the_downstream_example_trains_on_a_tsv_file() {
     let dir = tempfile::tempdir().unwrap();
     let data = small_corpus(dir.path());
     let run = dir.path().join("custom");
-    let summary = train_custom::train(&data.join("train.tsv"), &run, 20).unwrap();
+    let summary = train_custom(&data.join("train.tsv"), &run, 20).unwrap();
     assert_eq!((summary.start_step, summary.step), (0, 20));
     let validation = summary.validation.unwrap();
     assert!(validation.loss.is_finite() && validation.tokens > 0);
     assert!(summary.final_model.unwrap().join("model.mpk").exists());
     assert!(run.join("tokenizer.json").exists());
     // Run again with a larger budget: it resumes (same vocabulary, same examples) and goes on.
-    let again = train_custom::train(&data.join("train.tsv"), &run, 30).unwrap();
+    let again = train_custom(&data.join("train.tsv"), &run, 30).unwrap();
     assert_eq!((again.start_step, again.step), (20, 30));
 }

@@ -53,6 +53,43 @@ fn demo_rejects_an_invalid_config_with_the_values() {
     );
 }
 
+/// One backend rule: every command takes `--backend`, and its default is `auto` everywhere.
+#[test]
+fn every_command_takes_the_backend_with_the_auto_default() {
+    for command in [
+        "train",
+        "translate",
+        "eval",
+        "attention",
+        "demo",
+        "generate",
+        "fill-mask",
+        "embed",
+        "similarity",
+        "serve",
+    ] {
+        let out = xfmr_ok(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&out.stdout);
+        // The option's lines: from its name to the next option's.
+        let option: Vec<&str> = help
+            .lines()
+            .skip_while(|l| !l.contains("--backend <BACKEND>"))
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || !(l.starts_with("      --") || l.starts_with("  -")))
+            .map(|(_, l)| l)
+            .collect();
+        assert!(
+            !option.is_empty(),
+            "xfmr {command} has no --backend:\n{help}"
+        );
+        let option = option.join("\n");
+        assert!(
+            option.contains("[default: auto]"),
+            "xfmr {command} --backend:{option}"
+        );
+    }
+}
+
 /// The fetched sentence model; a failure naming the fetch command when it is absent.
 pub(crate) fn minilm() -> std::path::PathBuf {
     xfmr_sentence::fetch::find_minilm()

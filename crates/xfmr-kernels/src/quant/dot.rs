@@ -1,8 +1,11 @@
 //! Activations quantised to `i8` per block of 32, and the integer products of an unpacked
-//! weight row with them: AVX-512 VNNI, AVX-VNNI and AVX2 paths chosen at run time, a
-//! portable one elsewhere.
+//! weight row with them: AVX-512 VNNI, AVX-VNNI and AVX2 paths chosen at run time (the
+//! [`DotLevel`] of [`crate::cpu`]), a portable one elsewhere. This file is the generic code
+//! and the dispatch; the SIMD products are in `dot/x86/` (the products of unpacked rows in
+//! its `mod.rs`, the rows read in place in `blocks.rs`, the panels in `panel.rs`).
 
 use super::formats::{BlockFormat, Sub32, SUB};
+use crate::cpu::{DotLevel, FloatLevel};
 
 /// 32 activations as `d·q`, `q` in −127..=127 (ggml's `Q8_0` scheme, `d = max|x| / 127`),
 /// with `d·Σq` of each half kept for the weights' minimums.
@@ -75,14 +78,20 @@ impl ActBlock {
 }
 
 /// [`ActBlock::quantize`] over consecutive blocks of 32: `out[i]` from `x[32i..32i + 32]`.
-/// Compiled for AVX2 when the CPU has it (chosen at run time), where the rounding, the
-/// maximum and the sums vectorise (baseline x86-64 calls libm's `roundf` per value); the same
-/// operations on both paths, so the same blocks.
+/// Compiled for AVX2 when the CPU has it (the [`FloatLevel`] probed at run time: `Avx512`
+/// and `Avx2` take the AVX2 copy), where the rounding, the maximum and the sums vectorise
+/// (baseline x86-64 calls libm's `roundf` per value); the same operations on both paths, so
+/// the same blocks.
 ///
 /// # Panics
 /// Unless `x` holds `32·out.len()` values.
-#[allow(unsafe_code)]
 pub(super) fn quantize_blocks(x: &[f32], out: &mut [ActBlock]) {
+    quantize_blocks_on(FloatLevel::detect(), x, out);
+}
+
+/// [`quantize_blocks`] on `level`, which must be available (asserted in all builds).
+#[allow(unsafe_code)]
+fn quantize_blocks_on(level: FloatLevel, x: &[f32], out: &mut [ActBlock]) {
     assert_eq!(
         x.len(),
         out.len() * SUB,
@@ -90,14 +99,14 @@ pub(super) fn quantize_blocks(x: &[f32], out: &mut [ActBlock]) {
         x.len(),
         out.len()
     );
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, the only feature the function is compiled for.
-            return unsafe { quantize_blocks_avx2(x, out) };
-        }
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above) and both levels include AVX2, the
+        // only feature the copy is compiled for.
+        FloatLevel::Avx512 | FloatLevel::Avx2 => unsafe { quantize_blocks_avx2(x, out) },
+        _ => quantize_blocks_portable(x, out),
     }
-    quantize_blocks_portable(x, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -114,7 +123,7 @@ fn quantize_blocks_portable(x: &[f32], out: &mut [ActBlock]) {
 }
 
 /// Activation rows in a panel of [`PANEL`], lane `c` of every vector holding row `c`'s values:
-/// the layout of [`dot_panel`]'s products, where each weight dword is broadcast to all lanes
+/// the layout of `dot_panel`'s products, where each weight dword is broadcast to all lanes
 /// and multiplied with eight activation rows at once.
 ///
 /// For one block of 32 columns: `q[k]` holds, in its 4-byte lane `c`, row `c`'s quants
@@ -158,53 +167,10 @@ impl PanelBlock {
     }
 }
 
-/// The best path this CPU has, detected once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Path {
-    /// `vpdpbusd` on 256-bit registers (AVX-512 VNNI with VL).
-    Avx512Vnni,
-    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, VEX-encoded).
-    AvxVnni,
-    /// `u8`/`i8` widened to `i16` and `vpmaddwd` (AVX2 and FMA).
-    Avx2,
-    /// Plain Rust (any CPU).
-    Portable,
-}
-
-impl Path {
-    /// What this CPU supports, best first.
-    pub fn detect() -> Self {
-        [Self::Avx512Vnni, Self::AvxVnni, Self::Avx2]
-            .into_iter()
-            .find(|p| p.available())
-            .unwrap_or(Self::Portable)
-    }
-
-    /// Whether this CPU has every feature the path's functions enable.
-    pub fn available(self) -> bool {
-        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            let simd = has!("avx2") && has!("fma") && has!("f16c");
-            match self {
-                Self::Portable => true,
-                Self::Avx2 => simd,
-                Self::AvxVnni => simd && has!("avxvnni"),
-                Self::Avx512Vnni => {
-                    simd && has!("avx512f") && has!("avx512vnni") && has!("avx512vl")
-                }
-            }
-        }
-        #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
-        {
-            self == Self::Portable
-        }
-    }
-}
-
 /// `Some(x86::$f(args))` for the function `$f` of `path` (AVX-512 VNNI, AVX-VNNI, AVX2);
-/// `None` on the portable path and on other architectures. The one place the `unsafe`
-/// `#[target_feature]` functions are called.
+/// `None` on the portable path and on other architectures: the dispatch of [`crate::cpu`] as
+/// one `match` for the five product kernels below, and the one place the `unsafe`
+/// `#[target_feature]` functions of `x86` are called.
 macro_rules! on_simd_path {
     ($path:expr, $avx512vnni:ident, $avxvnni:ident, $avx2:ident ($($arg:expr),*)) => {
         match $path {
@@ -212,15 +178,15 @@ macro_rules! on_simd_path {
             #[allow(unsafe_code)]
             // SAFETY: the path is available (the callers' contract: `matmul_fused` asserts it
             // in all builds); the functions assert their length preconditions themselves.
-            Path::Avx512Vnni => Some(unsafe { x86::$avx512vnni($($arg),*) }),
+            DotLevel::Avx512Vnni => Some(unsafe { x86::$avx512vnni($($arg),*) }),
             #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
             #[allow(unsafe_code)]
             // SAFETY: as above.
-            Path::AvxVnni => Some(unsafe { x86::$avxvnni($($arg),*) }),
+            DotLevel::AvxVnni => Some(unsafe { x86::$avxvnni($($arg),*) }),
             #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
             #[allow(unsafe_code)]
             // SAFETY: as above.
-            Path::Avx2 => Some(unsafe { x86::$avx2($($arg),*) }),
+            DotLevel::Avx2 => Some(unsafe { x86::$avx2($($arg),*) }),
             _ => None,
         }
     };
@@ -228,11 +194,11 @@ macro_rules! on_simd_path {
 
 /// `Σ_j w_j·x_j` of one unpacked weight row (sub-blocks with the format's `offset`) and one
 /// quantised activation row of the same length, on `path` (which must be
-/// [`available`](Path::available)).
+/// [`available`](DotLevel::available)).
 ///
 /// `Σ_h scale_h·d·Σ_j q_j·xq_j` comes from the integer products; the offsets and minimums
 /// add `Σ_h (min_h − scale_h·offset)·d·Σ_j xq_j` from the blocks' half sums.
-pub(super) fn dot_row(path: Path, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f32 {
+pub(super) fn dot_row(path: DotLevel, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut bias = 0f32;
     for (s, a) in w.iter().zip(x) {
@@ -251,8 +217,8 @@ pub(super) fn dot_row(path: Path, w: &[Sub32], offset: i32, x: &[ActBlock]) -> f
 
 /// Whether [`dot_blocks`], [`dot_blocks4`], [`dot_rows4`] and [`dot_panel`] serve `format` on
 /// `path`: `Q4_0`, `Q4_1` and `Q8_0` on the SIMD paths.
-pub(super) fn reads_in_place(path: Path, format: BlockFormat) -> bool {
-    path != Path::Portable
+pub(super) fn reads_in_place(path: DotLevel, format: BlockFormat) -> bool {
+    path != DotLevel::Portable
         && matches!(
             format,
             BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
@@ -263,7 +229,7 @@ pub(super) fn reads_in_place(path: Path, format: BlockFormat) -> bool {
 /// to [`Sub32`]), on a SIMD `path`; `None` for other formats and the portable path, which
 /// take [`dot_row`].
 pub(super) fn dot_blocks(
-    path: Path,
+    path: DotLevel,
     format: BlockFormat,
     row: &[u8],
     x: &[ActBlock],
@@ -281,7 +247,7 @@ pub(super) fn dot_blocks(
 
 /// As [`dot_blocks`] for four activation rows at once (each weight block read once).
 pub(super) fn dot_blocks4(
-    path: Path,
+    path: DotLevel,
     format: BlockFormat,
     row: &[u8],
     xs: [&[ActBlock]; 4],
@@ -300,7 +266,7 @@ pub(super) fn dot_blocks4(
 /// As [`dot_blocks`] for four weight rows and one activation row (each activation block
 /// loaded once).
 pub(super) fn dot_rows4(
-    path: Path,
+    path: DotLevel,
     format: BlockFormat,
     rows: [&[u8]; 4],
     x: &[ActBlock],
@@ -325,7 +291,7 @@ pub(super) fn dot_rows4(
 /// and the scaling is one vector multiply-add per block and weight row, with no horizontal
 /// sums: the kernel of batched decoding and of prompts.
 pub(super) fn dot_panel(
-    path: Path,
+    path: DotLevel,
     format: BlockFormat,
     rows: [&[u8]; 4],
     panel: &[PanelBlock],
@@ -364,9 +330,9 @@ mod x86;
 mod tests {
     use super::*;
 
-    /// The dispatched quantisation (AVX2 where the CPU has it) equals the portable loop block
-    /// for block, bit for bit, on values with exact halves (`round` takes them away from zero),
-    /// an all-zero block and a block of one huge value.
+    /// The dispatched quantisation (AVX2 where the CPU has it), and that of every level the CPU
+    /// has, equals the portable loop block for block, bit for bit, on values with exact halves
+    /// (`round` takes them away from zero), an all-zero block and a block of one huge value.
     #[test]
     fn quantize_blocks_is_the_same_on_every_path() {
         let mut x: Vec<f32> = (0..SUB * 40)
@@ -379,6 +345,15 @@ mod tests {
         quantize_blocks(&x, &mut dispatched);
         quantize_blocks_portable(&x, &mut portable);
         assert_eq!(dispatched, portable);
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("quantize_blocks: this CPU has no {level:?}, its path is not compared");
+                continue;
+            }
+            let mut blocks = vec![ActBlock::default(); 40];
+            quantize_blocks_on(level, &x, &mut blocks);
+            assert_eq!(blocks, portable, "{level:?}");
+        }
         // The plain formula: `round`, clamp, a saturating cast (NaN → 0), integer sums.
         let mut odd = x.clone();
         odd[3 * SUB..4 * SUB].fill(0.0);

@@ -36,8 +36,13 @@ use rayon::prelude::*;
 use dot::{
     dot_blocks, dot_blocks4, dot_panel, dot_row, dot_rows4, quantize_blocks, reads_in_place,
 };
-pub use dot::{ActBlock, PanelBlock, Path, PANEL};
+pub use dot::{ActBlock, PanelBlock, PANEL};
 pub use formats::{dequantize, BlockFormat, Sub32, SUB};
+
+/// The path of the products: [`DotLevel`](crate::cpu::DotLevel), the levels of
+/// [`crate::cpu`]'s probe for the integer products (`Path::detect()` is this CPU's best,
+/// probed once).
+pub use crate::cpu::DotLevel as Path;
 
 /// Rows of the weight matrix per parallel task.
 const ROWS_PER_TASK: usize = 16;
@@ -282,7 +287,7 @@ impl QuantizedMatrix {
     /// If a part is not `x`'s width, `y` not `n·Σ rows` long, or `path` not
     /// [`available`](Path::available).
     pub fn matmul_fused(path: Path, parts: &[&Self], x: &ActivationRows, y: &mut [f32]) {
-        assert!(path.available(), "{path:?} is not available on this CPU");
+        path.assert_available();
         let total: usize = parts.iter().map(|p| p.rows).sum();
         assert!(
             parts.iter().all(|p| p.cols == x.cols()) && y.len() == x.n() * total,

@@ -403,7 +403,7 @@ fn tokenizer_applies_merges_and_keeps_control_tokens_whole() {
         "special tokens skipped"
     );
     assert_eq!(
-        (tok.eos_id, tok.pad_id, tok.bos_id, tok.add_bos),
+        (tok.eos_id(), tok.pad_id(), tok.bos_id(), tok.add_bos()),
         (2, 2, Some(1), false)
     );
 }

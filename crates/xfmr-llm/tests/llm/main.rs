@@ -5,7 +5,9 @@ mod gguf;
 mod quantized;
 mod smollm2;
 mod smollm2_quantized;
-mod tiny;
+
+/// The tiny Llama-family GGUF the tests write (xfmr-testing's `gguf` feature).
+use xfmr_testing::tiny_gguf as tiny;
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{DecoderOnly, IncrementalDecoder, LmState};

@@ -415,7 +415,7 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
     let g = Gguf::parse(crate::tiny::tiny_gguf(8)).unwrap();
     let device = Default::default();
     let lm = LanguageModel::<NdArray>::from_gguf(&g, &device).unwrap();
-    let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id)
+    let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id())
         .unwrap()
         .with_activations(Activations::F32);
     let vocab = q.config.vocab_size;
@@ -448,7 +448,7 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
     );
 
     let options =
-        GenerationOptions::greedy(6, lm.tokenizer.eos_id, lm.tokenizer.pad_id).with_min_len(6);
+        GenerationOptions::greedy(6, lm.tokenizer.eos_id(), lm.tokenizer.pad_id()).with_min_len(6);
     let short = prompt[..4].to_vec();
     let batch = q
         .generate_streaming::<NdArray>(&[prompt.clone(), short.clone()], &options, &mut |_, _| {})
@@ -513,7 +513,7 @@ fn logits_after(
 fn prefix_cache_restores_shared_prefixes_as_if_fed() {
     let g = Gguf::parse(crate::tiny::tiny_gguf(8)).unwrap();
     let lm = LanguageModel::<NdArray>::from_gguf(&g, &Default::default()).unwrap();
-    let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id).unwrap();
+    let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id()).unwrap();
     let vocab = q.config.vocab_size as u32;
     let tokens = |seed: u32, n: usize| -> Vec<u32> {
         (0..n as u32)

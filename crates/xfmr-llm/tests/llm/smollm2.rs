@@ -84,7 +84,7 @@ fn configuration_and_prompt_ids_match() {
     let theta = fixture.config()["rope_theta"].as_f64().unwrap();
     assert_eq!(config.rope_theta, theta);
     let tok = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
-    assert_eq!(tok.eos_id as usize, cfg("eos_id"));
+    assert_eq!(tok.eos_id() as usize, cfg("eos_id"));
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         assert_eq!(
             tok.encode(prompt).unwrap(),
@@ -163,7 +163,7 @@ fn parity<B: Backend>(atol: f64, what: &str) {
         let hyp = &generation.hypotheses[0][0];
         let mut got = hyp.tokens.clone();
         if hyp.finished {
-            got.push(lm.tokenizer.eos_id);
+            got.push(lm.tokenizer.eos_id());
         }
         assert_eq!(got, expected, "{what}: greedy tokens of prompt {k}");
     }

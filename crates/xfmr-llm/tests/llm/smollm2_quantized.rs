@@ -163,7 +163,7 @@ fn quantized_model_with_f32_products_matches_transformers() {
             .unwrap();
         let mut got = done.tokens;
         if done.stopped_at_eos {
-            got.push(lm.tokenizer.eos_id);
+            got.push(lm.tokenizer.eos_id());
         }
         assert_eq!(got, expected, "f32 products: greedy tokens of prompt {k}");
     }

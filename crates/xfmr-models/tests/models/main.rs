@@ -6,6 +6,7 @@
 mod generation;
 mod hf;
 mod long_inputs;
+mod loss;
 mod models;
 mod training;
 mod variants;
@@ -18,10 +19,21 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::record::{BinBytesRecorder, FullPrecisionSettings, Recorder};
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use xfmr_models::{
-    cross_entropy_smoothed_over_vocab, shift_right, DecoderOnly, DecoderOnlyConfig,
-    IncrementalDecoder, Transformer, TransformerConfig,
+    shift_right, DecoderOnly, DecoderOnlyConfig, IncrementalDecoder,
+    LabelSmoothedCrossEntropyConfig, Transformer, TransformerConfig,
 };
 use xfmr_testing::{assert_close_slices, to_vec, TestRng};
+
+/// The mean negative log-likelihood of the non-padding targets (the label-smoothed loss at
+/// ε = 0).
+pub fn nll<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    LabelSmoothedCrossEntropyConfig::new(PAD)
+        .with_epsilon(0.0)
+        .init()
+        .unwrap()
+        .forward(logits, targets)
+        .loss
+}
 
 /// Default CPU backend.
 pub type Cpu = NdArray<f32>;
@@ -66,7 +78,7 @@ pub fn trained_transformer(config: &TransformerConfig, seed: u64) -> Transformer
     let mut optim = AdamConfig::new().init();
     for _ in 0..STEPS {
         let logits = model.forward(src.clone(), tgt_in.clone()).unwrap();
-        let loss = cross_entropy_smoothed_over_vocab(logits, tgt.clone(), PAD, 0.0);
+        let loss = nll(logits, tgt.clone());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }
@@ -112,8 +124,7 @@ pub fn trained_lm(config: &DecoderOnlyConfig, seed: u64) -> DecoderOnly<Cpu> {
     let mut optim = AdamConfig::new().init();
     for _ in 0..STEPS {
         let logits = model.forward(x.clone().narrow(1, 0, width - 1)).unwrap();
-        let loss =
-            cross_entropy_smoothed_over_vocab(logits, x.clone().narrow(1, 1, width - 1), PAD, 0.0);
+        let loss = nll(logits, x.clone().narrow(1, 1, width - 1));
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);
     }

@@ -6,7 +6,8 @@ use burn::optim::{AdamConfig, GradientsParams, Optimizer};
 use burn::tensor::{activation::log_softmax, Tensor};
 use xfmr_blocks::LayerConfig;
 use xfmr_models::{
-    cross_entropy_smoothed_over_vocab, shift_right, GenerationOptions, TransformerConfig,
+    shift_right, GenerationOptions, LabelSmoothedCrossEntropyConfig, SmoothingMass,
+    TransformerConfig,
 };
 use xfmr_testing::{to_vec, TestRng};
 
@@ -39,12 +40,12 @@ fn label_smoothed_cross_entropy_matches_host_formula() {
             })
             .sum::<f64>()
             / rows.len() as f64;
-        let got = to_vec(&cross_entropy_smoothed_over_vocab(
-            logits.clone(),
-            targets.clone(),
-            PAD,
-            eps,
-        ))[0];
+        let loss = LabelSmoothedCrossEntropyConfig::new(PAD)
+            .with_epsilon(eps)
+            .with_mass(SmoothingMass::AllTokens)
+            .init()
+            .unwrap();
+        let got = to_vec(&loss.forward(logits.clone(), targets.clone()).loss)[0];
         assert!(
             (got - expected).abs() < 1e-5,
             "ε = {eps}: {got} vs {expected}"
@@ -79,7 +80,7 @@ fn teacher_forcing_learns_to_copy() {
     let mut losses = Vec::new();
     for _ in 0..150 {
         let logits = model.forward(src.clone(), tgt_in.clone()).unwrap();
-        let loss = cross_entropy_smoothed_over_vocab(logits, tgt.clone(), PAD, 0.0);
+        let loss = crate::nll(logits, tgt.clone());
         losses.push(loss.clone().into_scalar());
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(3e-3, model, grads);

@@ -143,7 +143,11 @@ fn sinusoidal_offset_forward_equals_slicing_and_odd_width_is_handled() {
     assert!((odd[6] as f64 - (3.0 / 10000f64.powf(6.0 / 7.0)).sin()).abs() < 1e-7);
     assert_eq!(
         SinusoidalConfig::new(0).init::<Cpu>(&device).unwrap_err(),
-        PositionError::ZeroDim { name: "d_model" }
+        PositionError::InvalidConfig {
+            field: "d_model",
+            value: "0".into(),
+            expected: "must be positive"
+        }
     );
 }
 
@@ -252,7 +256,7 @@ fn rotary_properties_wgpu() {
 fn rotary_rejects_odd_head_dim() {
     assert_eq!(
         RotaryConfig::new(7).init().unwrap_err().to_string(),
-        "`head_dim` must be even, got 7"
+        "invalid configuration: `head_dim` = 7: must be even (rotated in pairs)"
     );
 }
 
@@ -354,7 +358,11 @@ fn positions_are_added_or_concatenated() {
             .with_dropout(1.5)
             .init()
             .unwrap_err(),
-        PositionError::InvalidDropout { prob: 1.5 }
+        PositionError::InvalidConfig {
+            field: "dropout",
+            value: "1.5".into(),
+            expected: "a dropout probability in [0, 1)"
+        }
     );
 }
 

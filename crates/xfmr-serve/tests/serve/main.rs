@@ -5,10 +5,9 @@
 //! and a translation run trained for a few steps on the embedded Spanish–English sample. The
 //! SmolLM2 and MiniLM runs are the `--ignored` tests in `models.rs`.
 
-mod client;
 mod models;
 mod page;
 mod server;
-#[allow(dead_code)]
-#[path = "../../../xfmr-llm/tests/llm/tiny.rs"]
-mod tiny;
+
+/// The HTTP client and the tiny GGUF file (xfmr-testing's `http` and `gguf` features).
+use xfmr_testing::{http as client, tiny_gguf as tiny};

@@ -13,7 +13,6 @@ use xfmr_llm::{Gguf, LanguageModel, WeightFormat};
 use xfmr_models::{GenerationOptions, Transformer, TransformerConfig};
 use xfmr_serve::{RunningServer, ServeConfig, Server};
 use xfmr_train::data::parse_tsv;
-use xfmr_train::trainer::load_run_model;
 use xfmr_train::translate::{encode_pairs, translate, translation_attention};
 use xfmr_train::{SubwordTokenizer, TrainConfig, Trainer, Translation};
 
@@ -51,7 +50,9 @@ pub fn translation_run() -> &'static Path {
         )
         .unwrap();
         std::fs::create_dir_all(&run).unwrap();
-        tokenizer.save(&run.join("tokenizer.json")).unwrap();
+        xfmr_train::RunDir::new(&run)
+            .write_tokenizer(&tokenizer)
+            .unwrap();
         let examples = encode_pairs(&tokenizer, pairs).unwrap();
         let objective =
             Translation::for_tokenizer(TransformerConfig::tiny(tokenizer.vocab_size()), &tokenizer);
@@ -79,7 +80,9 @@ pub fn translation_run() -> &'static Path {
 }
 
 pub fn translation_model() -> (Transformer<B>, SubwordTokenizer) {
-    load_run_model::<B, TransformerConfig>(translation_run(), &Default::default()).unwrap()
+    xfmr_train::RunDir::new(translation_run())
+        .load_model::<B, TransformerConfig>(&Default::default())
+        .unwrap()
 }
 
 /// A server with both tiny models and `config`.
@@ -130,7 +133,7 @@ fn assert_error(
 /// The tiny model's greedy completion of `prompt`, as the library decodes it alone.
 fn library_greedy(prompt: &str, max_tokens: usize) -> String {
     let lm = tiny_lm();
-    let options = GenerationOptions::greedy(max_tokens, EOS, lm.tokenizer.pad_id);
+    let options = GenerationOptions::greedy(max_tokens, EOS, lm.tokenizer.pad_id());
     lm.complete(prompt, &options, |_| {}).unwrap().text
 }
 
@@ -138,7 +141,8 @@ fn library_greedy(prompt: &str, max_tokens: usize) -> String {
 /// never the argmax).
 fn library_greedy_banned(prompt: &str, tokens: usize) -> String {
     let lm = tiny_lm();
-    let options = GenerationOptions::greedy(tokens, EOS, lm.tokenizer.pad_id).with_min_len(tokens);
+    let options =
+        GenerationOptions::greedy(tokens, EOS, lm.tokenizer.pad_id()).with_min_len(tokens);
     lm.complete(prompt, &options, |_| {}).unwrap().text
 }
 

@@ -5,10 +5,9 @@ use burn::tensor::backend::Backend;
 use xfmr_models::DecoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
-    Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
+    BatchLoss, ModelOf, Objective,
 };
-use crate::loss::label_smoothed_loss_skipping_pad;
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -96,12 +95,12 @@ impl Objective for CausalLm {
             .collect();
         let pad = self.model.pad_id;
         let logits = model.forward(padded(&inputs, pad, device))?;
-        let loss = label_smoothed_loss_skipping_pad(
+        let loss = smoothed_loss(
             logits,
             padded(&outputs, pad, device),
             pad,
             self.label_smoothing,
-        );
+        )?;
         Ok(BatchLoss {
             loss,
             input_tokens: inputs.iter().map(Vec::len).sum(),

@@ -7,11 +7,10 @@ use burn::tensor::backend::Backend;
 use xfmr_models::EncoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
-    Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
+    BatchLoss, ModelOf, Objective,
 };
 use crate::data::SplitMix64;
-use crate::loss::label_smoothed_loss_skipping_pad;
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -212,12 +211,12 @@ impl Objective for MaskedLm {
         let ids = padded::<B>(&inputs, self.model.pad_id, device);
         let mask = model.padding_mask(ids.clone());
         let hidden = model.forward(ids, None, Some(&mask))?;
-        let loss = label_smoothed_loss_skipping_pad(
+        let loss = smoothed_loss(
             model.mlm_logits(hidden),
             padded(&targets, self.model.pad_id, device),
             self.model.pad_id,
             self.label_smoothing,
-        );
+        )?;
         Ok(BatchLoss {
             loss,
             input_tokens: inputs.iter().map(Vec::len).sum(),

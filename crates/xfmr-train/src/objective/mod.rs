@@ -8,8 +8,9 @@
 //! | [`CausalLm`] | the GPT-like [`DecoderOnly`](xfmr_models::DecoderOnly) | a token sequence | each token from the ones before it |
 //! | [`MaskedLm`] | the BERT-like [`EncoderOnly`](xfmr_models::EncoderOnly) with its MLM head | a token sequence | the tokens hidden by BERT's 15% / 80-10-10 masking |
 //!
-//! All three minimise [`label_smoothed_loss_skipping_pad`](crate::loss::label_smoothed_loss_skipping_pad) over the tokens
-//! they predict, padding left out.
+//! All three minimise xfmr-models' label-smoothed cross-entropy
+//! ([`LabelSmoothedCrossEntropy`](xfmr_models::LabelSmoothedCrossEntropy)) over the tokens they
+//! predict, padding left out of the average and of the smoothing mass.
 //!
 //! **Randomness.** An objective that draws (masking) draws from a `u64` the trainer derives from
 //! the run's seed, the step and the example's index in the training set: a resumed run draws what
@@ -19,11 +20,12 @@
 use std::fmt::Debug;
 
 use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use xfmr_models::checkpoint::ModelConfig;
+use xfmr_models::{LabelSmoothedCrossEntropyConfig, SmoothedLoss};
 
-use crate::loss::SmoothedLoss;
 use crate::TrainError;
 
 mod lm;
@@ -94,6 +96,23 @@ pub struct BatchLoss<B: Backend> {
     pub loss: SmoothedLoss<B>,
     /// Non-padding input tokens read (the source side for translation).
     pub input_tokens: usize,
+}
+
+/// The loss every objective minimises: the label-smoothed cross-entropy with `epsilon`,
+/// padding out of the average and of the smoothing mass.
+///
+/// # Shapes
+/// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
+pub(crate) fn smoothed_loss<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    pad: u32,
+    epsilon: f64,
+) -> Result<SmoothedLoss<B>, TrainError> {
+    let loss = LabelSmoothedCrossEntropyConfig::new(pad)
+        .with_epsilon(epsilon)
+        .init()?;
+    Ok(loss.forward(logits, targets))
 }
 
 /// Checks that every id is below `vocab` and none is the padding id `pad` (the loss would not
@@ -173,23 +192,12 @@ pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
     }
 }
 
-/// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor.
+/// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor
+/// ([`xfmr_models::padded_ids`]).
 pub(crate) fn padded<B: Backend>(
     rows: &[Vec<i64>],
     pad: u32,
     device: &B::Device,
-) -> burn::tensor::Tensor<B, 2, burn::tensor::Int> {
-    let len = rows.iter().map(Vec::len).max().unwrap_or(1).max(1);
-    let flat: Vec<i64> = rows
-        .iter()
-        .flat_map(|r| {
-            r.iter()
-                .copied()
-                .chain(std::iter::repeat_n(i64::from(pad), len - r.len()))
-        })
-        .collect();
-    burn::tensor::Tensor::from_data(
-        burn::tensor::TensorData::new(flat, [rows.len(), len]),
-        device,
-    )
+) -> Tensor<B, 2, Int> {
+    xfmr_models::padded_ids(rows, i64::from(pad), xfmr_models::PadSide::Right, device)
 }

@@ -6,10 +6,9 @@ use burn::tensor::{Int, Tensor};
 use xfmr_models::TransformerConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, BatchLoss, ModelOf,
-    Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
+    BatchLoss, ModelOf, Objective,
 };
-use crate::loss::label_smoothed_loss_skipping_pad;
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -138,12 +137,12 @@ impl Objective for Translation {
         let batch =
             TranslationBatch::<B>::new(batch, self.model.pad_id, self.bos_id, self.eos_id, device);
         let logits = model.forward(batch.src, batch.tgt_in)?;
-        let loss = label_smoothed_loss_skipping_pad(
+        let loss = smoothed_loss(
             logits,
             batch.tgt_out,
             self.model.pad_id,
             self.label_smoothing,
-        );
+        )?;
         Ok(BatchLoss {
             loss,
             input_tokens: batch.src_tokens,

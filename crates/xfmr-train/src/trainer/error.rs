@@ -11,6 +11,7 @@ use crate::tokenizer::TokenizerError;
 
 /// What can go wrong while training, checkpointing or evaluating.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum TrainError {
     /// From the model (configuration, sequence length, files). A missing, incomplete or corrupt
     /// checkpoint (`ModelError::Checkpoint`) is a [`TrainError::Checkpoint`] instead.

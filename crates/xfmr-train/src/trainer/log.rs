@@ -83,10 +83,7 @@ pub enum MetricsFormat {
 impl MetricsFormat {
     /// The log's file in run directory `run_dir`.
     pub fn path(self, run_dir: &Path) -> PathBuf {
-        run_dir.join(match self {
-            Self::Jsonl => "metrics.jsonl",
-            Self::Csv => "metrics.csv",
-        })
+        crate::run_dir::RunDir::new(run_dir).metrics_path(self)
     }
 
     fn write(self, record: &MetricRecord) -> String {

@@ -27,8 +27,9 @@
 //!
 //! The module's files: `config.rs` ([`TrainConfig`]), `error.rs` ([`TrainError`]), `batch.rs`
 //! (batches, draws, the validation loss), `store.rs` (checkpoints on disk: listing, atomic
-//! writing, verification, loading and averaging), `run.rs` (the run and its observer),
-//! `log.rs` (the metrics log); the step itself is here.
+//! writing, verification, loading and averaging), `optim.rs` (Adam, the learning rate, each
+//! step's seed), `run.rs` (the run and its observer), `log.rs` (the metrics log); the step
+//! itself is here. A run directory's layout is [`RunDir`](crate::RunDir)'s.
 
 use std::fs;
 use std::path::Path;
@@ -37,21 +38,22 @@ use burn::lr_scheduler::noam::NoamLrScheduler;
 use burn::lr_scheduler::LrScheduler;
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
-use burn::optim::{Adam, AdamConfig, GradientsAccumulator, GradientsParams, Optimizer};
+use burn::optim::{Adam, GradientsAccumulator, GradientsParams, Optimizer};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ElementConversion;
 use serde::{Deserialize, Serialize};
 use xfmr_models::checkpoint::{self, ModelConfig};
 
-use crate::data::{shuffled, SplitMix64};
+use crate::data::shuffled;
 use crate::distributed::{param_order, DataParallel};
-use crate::loss::noam_schedule;
 use crate::objective::{ModelOf, Objective, Translation};
+use crate::schedule::noam_schedule;
 
 mod batch;
 mod config;
 mod error;
 mod log;
+mod optim;
 mod run;
 mod store;
 
@@ -60,10 +62,11 @@ pub use batch::{evaluate_loss, EvalLoss};
 pub use config::{Decay, TrainConfig};
 pub use error::TrainError;
 pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
+use optim::{adam, step_seed};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{
-    average_checkpoints, checkpoints, latest_checkpoint, load_model, load_run_model,
-    parameter_fingerprint, save_model, CHECKPOINTS_DIR, FINAL_MODEL_DIR,
+    average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
+    save_model,
 };
 use store::{read_json, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
 
@@ -460,54 +463,4 @@ where
             target_tokens: total,
         })
     }
-}
-
-impl<B: AutodiffBackend, O: Objective> Trainer<B, O>
-where
-    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
-{
-    /// The learning rate of `step` (1-based) with `time_spent` of the time budget used (see
-    /// [`TrainConfig::decay`]). burn's Noam scheduler advances in either case, so that its
-    /// recorded step stays the run's.
-    fn learning_rate(&mut self, step: usize, time_spent: f64) -> f64 {
-        let noam = self.schedule.step();
-        match self.config.decay {
-            None => noam,
-            Some(Decay::Linear) => {
-                let warmup = self.config.warmup as f64;
-                let peak = self.config.lr_factor
-                    / ((self.objective.d_model() as f64).sqrt() * warmup.sqrt());
-                let spent = (step as f64 / self.config.steps as f64).max(time_spent);
-                peak * (step as f64 / warmup).min(1.0 - spent).max(0.0)
-            }
-        }
-    }
-
-    /// Sets the share of the time budget spent (`0..=1`) that the next step's learning rate
-    /// reads under [`Decay::Linear`]; [`Trainer::run`] sets it before every step.
-    pub(crate) fn set_time_spent(&mut self, share: f64) {
-        self.time_spent = share.clamp(0.0, 1.0);
-    }
-}
-
-fn adam<B: AutodiffBackend, M: AutodiffModule<B>>(config: &TrainConfig) -> AdamOf<B, M> {
-    AdamConfig::new()
-        .with_beta_1(config.beta_1)
-        .with_beta_2(config.beta_2)
-        .with_epsilon(config.epsilon)
-        .init()
-}
-
-fn step_seed(seed: u64, step: usize) -> u64 {
-    SplitMix64(seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).next()
-}
-
-/// The inference copy of a trainer's model (no autodiff, dropout off).
-pub fn inference_model<B: AutodiffBackend, O: Objective>(
-    trainer: &Trainer<B, O>,
-) -> ModelOf<O, B::InnerBackend>
-where
-    ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
-{
-    trainer.inference_model()
 }

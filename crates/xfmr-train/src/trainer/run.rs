@@ -11,10 +11,11 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::{
     average_checkpoints, checkpoints, evaluate_loss, parameter_fingerprint, save_model, EvalLoss,
-    Progress, StepReport, TrainError, Trainer, FINAL_MODEL_DIR,
+    Progress, StepReport, TrainError, Trainer,
 };
 use crate::distributed::DataParallel;
 use crate::objective::{ModelOf, Objective};
+use crate::run_dir::RunDir;
 
 /// What a run tells its observer, in order: `Started`, then per step `Step`, and when due
 /// `Validation`, `Agreement` (data-parallel replicas, at each checkpoint) and `Checkpoint`, and
@@ -284,7 +285,7 @@ where
             if !dirs.is_empty() {
                 let (config, model) =
                     average_checkpoints::<B::InnerBackend, O::Config>(&dirs, &self.device)?;
-                let dir = run_dir.join(FINAL_MODEL_DIR);
+                let dir = RunDir::new(run_dir).model_dir();
                 save_model::<B::InnerBackend, O::Config>(&model, &config, &dir)?;
                 (final_model, averaged) = (Some(dir), dirs.len());
             }

@@ -17,48 +17,25 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::{TrainError, Trainer, TrainerState};
 use crate::objective::{ModelOf, Objective};
+use crate::run_dir::RunDir;
 
-/// Name of the checkpoint directory inside a run directory.
-pub const CHECKPOINTS_DIR: &str = "checkpoints";
-/// Name of the final model's directory inside a run directory (the average of the last
-/// checkpoints, written by [`Trainer::run`](crate::Trainer::run)).
-pub const FINAL_MODEL_DIR: &str = "model";
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.mpk";
 pub(crate) const TRAINER_FILE: &str = "trainer.json";
 
-/// The complete checkpoints of a run, oldest first, as (step, directory).
+/// The complete checkpoints of a run, oldest first, as (step, directory): [`RunDir::checkpoints`].
 ///
 /// # Errors
 /// [`TrainError::Checkpoint`] if the directory exists but cannot be listed.
 pub fn checkpoints(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
-    let root = run_dir.join(CHECKPOINTS_DIR);
-    let entries = match fs::read_dir(&root) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(TrainError::checkpoint(&root, e)),
-    };
-    let mut found = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| TrainError::checkpoint(&root, e))?;
-        let name = entry.file_name();
-        let step = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("step-"))
-            .and_then(|n| n.parse::<usize>().ok());
-        if let Some(step) = step {
-            found.push((step, entry.path()));
-        }
-    }
-    found.sort();
-    Ok(found)
+    RunDir::new(run_dir).checkpoints()
 }
 
-/// The newest complete checkpoint of a run, if any.
+/// The newest complete checkpoint of a run, if any: [`RunDir::latest_checkpoint`].
 ///
 /// # Errors
 /// As [`checkpoints`].
 pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
-    Ok(checkpoints(run_dir)?.pop().map(|(_, dir)| dir))
+    RunDir::new(run_dir).latest_checkpoint()
 }
 
 /// Loads a checkpoint's model of configuration type `C` (for inference or evaluation):
@@ -72,30 +49,6 @@ pub fn load_model<B: Backend, C: ModelConfig>(
     device: &B::Device,
 ) -> Result<(C, C::Model<B>), TrainError> {
     Ok(checkpoint::load::<B, C>(dir, device)?)
-}
-
-/// The model a run directory leaves for inference: its averaged final model
-/// ([`FINAL_MODEL_DIR`]) if the run finished, else its newest checkpoint; and the run's
-/// vocabulary (`tokenizer.json`).
-///
-/// # Errors
-/// [`TrainError::Checkpoint`] naming the run when it holds neither, or the file that is
-/// missing or corrupt; [`TrainError::Tokenizer`] for the vocabulary.
-pub fn load_run_model<B: Backend, C: ModelConfig>(
-    run_dir: &Path,
-    device: &B::Device,
-) -> Result<(C::Model<B>, crate::SubwordTokenizer), TrainError> {
-    let final_dir = run_dir.join(FINAL_MODEL_DIR);
-    let dir = match final_dir.is_dir() {
-        true => final_dir,
-        false => latest_checkpoint(run_dir)?.ok_or_else(|| TrainError::Checkpoint {
-            path: run_dir.to_path_buf(),
-            problem: format!("no {FINAL_MODEL_DIR}/ and no checkpoint: not a trained run"),
-        })?,
-    };
-    let tokenizer = crate::SubwordTokenizer::load(&run_dir.join("tokenizer.json"))?;
-    let (_, model) = load_model::<B, C>(&dir, device)?;
-    Ok((model, tokenizer))
 }
 
 /// Saves a model for inference (no optimiser state): [`checkpoint::save`], which writes
@@ -230,6 +183,7 @@ where
     ModelOf<O, B>: AutodiffModule<B, InnerModule = ModelOf<O, B::InnerBackend>>,
 {
     /// Writes a checkpoint of the current state into `<run_dir>/checkpoints/step-NNNNNNNN`
+    /// ([`RunDir::checkpoint_dir`])
     /// (atomically: a `.partial` directory renamed when complete), then removes checkpoints
     /// beyond the newest `keep_checkpoints`. Returns the checkpoint's directory.
     ///
@@ -237,9 +191,7 @@ where
     /// [`TrainError::Checkpoint`], [`TrainError::Io`] or [`TrainError::Model`] naming the file
     /// that could not be written.
     pub fn save_checkpoint(&self, run_dir: &Path) -> Result<PathBuf, TrainError> {
-        let dir = run_dir
-            .join(CHECKPOINTS_DIR)
-            .join(format!("step-{:08}", self.progress.step));
+        let dir = RunDir::new(run_dir).checkpoint_dir(self.progress.step);
         checkpoint::save_with::<B, O::Config, TrainError>(
             self.model(),
             self.objective.model(),

@@ -10,7 +10,7 @@ use burn::tensor::Tensor;
 use xfmr_models::TransformerConfig;
 use xfmr_train::data::SplitMix64;
 use xfmr_train::trainer::{
-    average_checkpoints, checkpoints, evaluate_loss, inference_model, latest_checkpoint, load_model,
+    average_checkpoints, checkpoints, evaluate_loss, latest_checkpoint, load_model,
 };
 use xfmr_train::{Decay, Example, TrainConfig, TrainError, Trainer, Translation};
 
@@ -124,7 +124,7 @@ fn objective_translation_resume_continues_exactly_as_an_uninterrupted_run() {
     );
     assert_eq!(resumed.progress(), straight.progress());
     let weights = |t: &Trainer<Train>| -> Vec<Vec<u32>> {
-        params(&inference_model(t))
+        params(&t.inference_model())
             .iter()
             .map(|p| p.iter().map(|v| v.to_bits()).collect())
             .collect()
@@ -135,7 +135,7 @@ fn objective_translation_resume_continues_exactly_as_an_uninterrupted_run() {
     );
     let valid = examples(20, 77);
     let eval = |t: &Trainer<Train>| {
-        evaluate_loss(&objective(), &inference_model(t), &config(), &valid).unwrap()
+        evaluate_loss(&objective(), &t.inference_model(), &config(), &valid).unwrap()
     };
     let (a, b) = (eval(&resumed), eval(&straight));
     assert_eq!(
@@ -247,11 +247,11 @@ fn objective_translation_learns_a_copy_task() {
         &device,
     )
     .unwrap();
-    let before = evaluate_loss(&objective, &inference_model(&trainer), &config, &valid).unwrap();
+    let before = evaluate_loss(&objective, &trainer.inference_model(), &config, &valid).unwrap();
     for _ in 0..150 {
         trainer.step().unwrap();
     }
-    let after = evaluate_loss(&objective, &inference_model(&trainer), &config, &valid).unwrap();
+    let after = evaluate_loss(&objective, &trainer.inference_model(), &config, &valid).unwrap();
     let uniform = ((VOCAB - 1) as f64).ln();
     assert!(
         (before.nll - uniform).abs() < 1.0,

@@ -27,7 +27,7 @@
 //! of copies, as the forward's head merge is.
 //!
 //! The unsafe code is the five `gemm` calls (through [`product`]), bounded as the forward's are
-//! (see the crate's SAFETY inventory).
+//! (see the crate's SAFETY inventory, SAFETY.md).
 
 use std::any::TypeId;
 use std::fmt;
@@ -43,9 +43,9 @@ use burn::tensor::backend::{Backend, BackendTypes};
 use burn::tensor::{Bool, DType, Tensor, TensorData, TensorPrimitive};
 use rayon::prelude::*;
 
-use crate::attention::{forward, mask_on_host, product, readable, Broadcast, View, SCRATCH_FLOATS};
+use super::attention::{forward, mask_on_host, product, readable, Broadcast, View, SCRATCH_FLOATS};
+use super::same;
 use crate::exp::exp_nonpositive;
-use crate::same;
 
 /// The backend [`attention_autodiff`] runs on: flex under burn's autodiff, without
 /// checkpointing (the default `Autodiff<Flex>`).

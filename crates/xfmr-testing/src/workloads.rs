@@ -1,11 +1,12 @@
-//! The models and inputs of issue 13's workloads W2 and W4, shared by `examples/workloads.rs`
-//! (which `benches/compare_pytorch.py` runs beside PyTorch) and the criterion bench
-//! `benches/workloads.rs`, so that both time the same thing. Included by `#[path]`.
+//! The models and inputs of the benchmark workloads W2 and W4 (`docs/benchmarks.md`), shared
+//! by `examples/workloads.rs` (which `benches/compare_pytorch.py` runs beside PyTorch) and the
+//! criterion bench `benches/workloads.rs`, so that both time the same thing. Feature
+//! `workloads`.
 
-use xfmr::blocks::{Encoder, LayerConfig, StackConfig};
-use xfmr::burn::tensor::backend::Backend;
-use xfmr::burn::tensor::{Distribution, Tensor};
-use xfmr::models::{GenerationOptions, Transformer, TransformerConfig};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+use xfmr_blocks::{Encoder, LayerConfig, StackConfig};
+use xfmr_models::{GenerationOptions, Transformer, TransformerConfig};
 
 /// W2: batch 8 × 128 tokens.
 pub const W2_SHAPE: [usize; 2] = [8, 128];

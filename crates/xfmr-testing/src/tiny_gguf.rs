@@ -1,16 +1,25 @@
-//! A tiny Llama-family GGUF file written by the tests, with every supported tensor type, so
-//! that the loader, the tokenizer and the model run without the real model.
+//! A tiny Llama-family GGUF file, with every tensor type the loader supports, so that tests of
+//! the GGUF reader, the tokenizer, the quantised model and the server (and the fuzz targets'
+//! seeds) run without the real model. Feature `gguf`.
+//!
+//! The weights are small random values from [`TestRng`] (`seed` picks them); the tokenizer is
+//! a byte-level BPE of 3 control tokens, the 256 byte tokens and 5 merges; the chat template is
+//! ChatML with a default system prompt.
 
 use xfmr_llm::gguf::{GgmlType, GgufWriter, Value};
-use xfmr_testing::TestRng;
 
-/// Sizes of the tiny model. Rows of quantised tensors must be whole 32-element blocks.
+use crate::TestRng;
+
+/// The tiny model's width. Rows of quantised tensors must be whole 32-element blocks.
 pub const D_MODEL: usize = 32;
+/// Its query heads.
 pub const N_HEADS: usize = 4;
+/// Its key/value heads (grouped: two query heads per key/value head).
 pub const N_KV_HEADS: usize = 2;
+/// Its feed-forward width.
 pub const D_FF: usize = 64;
+/// Its layers.
 pub const N_LAYERS: usize = 2;
-
 /// GPT-2's printable spelling of each byte (`bytes_to_unicode`), written out independently of
 /// the crate's own table.
 fn byte_level_alphabet() -> Vec<String> {

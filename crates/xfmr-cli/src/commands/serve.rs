@@ -5,16 +5,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::models::Transformer;
+use xfmr::models::{Transformer, TransformerConfig};
 use xfmr_llm::{LanguageModel, WeightFormat};
 use xfmr_sentence::{fetch, SentenceEncoder};
 use xfmr_serve::{ServeConfig, Server};
-use xfmr_train::trainer::load_run_model;
-use xfmr_train::translate::DecodingChoice;
+use xfmr_train::RunDir;
+
+use crate::backend::{with_backend, BackendArg};
+use crate::pretrained::gguf_path;
 
 /// `xfmr serve`'s options.
 #[derive(clap::Args)]
-pub struct ServeArgs {
+pub struct Args {
+    // The encoder models' backend (the language model runs its quantised weights on the CPU).
+    #[command(flatten)]
+    backend: BackendArg,
     /// Address to listen on (loopback by default: pass 0.0.0.0 to serve other machines).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -62,8 +67,18 @@ fn served_name(path: &Path) -> String {
         .to_string()
 }
 
+/// Runs `xfmr serve`.
+pub fn run(args: Args) -> Result<()> {
+    with_backend!(
+        args.backend.resolve(),
+        "serve",
+        wgpu = xfmr::backend::WgpuUnfused,
+        |B| serve::<B>(&args)
+    )
+}
+
 /// Loads the models, starts the server and serves until killed.
-pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
+fn serve<B: Backend>(args: &Args) -> Result<()> {
     if args.llm.is_none() && args.embeddings.is_none() && args.translation.is_none() {
         bail!(
             "nothing to serve: pass --llm smollm2|FILE.gguf, --embeddings minilm|DIR and/or \
@@ -73,7 +88,7 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
     // A translation run's beam search uses the length penalty chosen for it on its validation
     // split (`decoding.json`), else the paper's.
     let translation_length_penalty = match &args.translation {
-        Some(run) => DecodingChoice::length_penalty_of(run)?,
+        Some(run) => RunDir::new(run).length_penalty()?,
         None => ServeConfig::default().translation_length_penalty,
     };
     let config = ServeConfig {
@@ -90,7 +105,7 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
     let mut server = Server::<B>::new(config);
     if let Some(llm) = &args.llm {
         let t = Instant::now();
-        let path = crate::generate::model_path(llm)?;
+        let path = gguf_path(llm)?;
         let name = if llm == "smollm2" {
             llm.clone()
         } else {
@@ -122,9 +137,9 @@ pub fn serve<B: Backend>(args: &ServeArgs) -> Result<()> {
         server = server.embeddings(&name, encoder)?;
     }
     if let Some(run) = &args.translation {
-        let (model, tokenizer) = load_run_model::<B, xfmr::models::TransformerConfig>(run, &device)
+        let (model, tokenizer): (Transformer<B>, _) = RunDir::new(run)
+            .load_model::<B, TransformerConfig>(&device)
             .with_context(|| format!("--translation {}", run.display()))?;
-        let model: Transformer<B> = model;
         let name = served_name(run);
         eprintln!("translation model {name}: {}", run.display());
         server = server.translation(&name, model, tokenizer)?;

@@ -6,10 +6,45 @@ use std::time::Instant;
 use anyhow::{anyhow, bail, Result};
 use xfmr::attention::{AttnMask, KvCache, MhaInput, MultiHeadAttentionConfig};
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::burn::tensor::{Distribution, Int, Tensor, TensorData};
+use xfmr::burn::tensor::{Distribution, Tensor};
+use xfmr::models::{padded_ids, PadSide};
+
+use crate::backend::{with_backend, BackendArg};
+
+/// Sentence pairs (Spanish TAB English) from the public-domain corpus; see data/README.md.
+const SAMPLE: &str = include_str!("../../data/sample_es_en.tsv");
+
+/// Options of `xfmr demo`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    backend: BackendArg,
+    /// Model width.
+    #[arg(long, default_value_t = 64)]
+    d_model: usize,
+    /// Number of heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Use the Spanish side instead of the English one.
+    #[arg(long)]
+    spanish: bool,
+}
+
+/// Runs `xfmr demo` on the embedded sentences (English, or Spanish with `--spanish`).
+pub fn run(args: Args) -> Result<()> {
+    let sentences: Vec<&str> = SAMPLE
+        .lines()
+        .filter_map(|l| l.split('\t').nth(usize::from(!args.spanish)))
+        .collect();
+    with_backend!(args.backend.resolve(), "demo", |B| demo::<B>(
+        &sentences,
+        args.d_model,
+        args.heads
+    ))
+}
 
 /// Runs the demo on `sentences` with a fresh layer of `d_model` and `heads`.
-pub fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<()> {
+fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Result<()> {
     let device = B::Device::default();
     B::seed(&device, 42);
     // Byte tokens: id = byte + 1, 0 is padding.
@@ -19,15 +54,12 @@ pub fn demo<B: Backend>(sentences: &[&str], d_model: usize, heads: usize) -> Res
         .max()
         .ok_or_else(|| anyhow!("no sentences"))?;
     let batch = sentences.len();
-    let ids: Vec<i64> = sentences
+    // Byte `b` is token `b + 1`; 0 pads.
+    let rows: Vec<Vec<u32>> = sentences
         .iter()
-        .flat_map(|s| {
-            let mut row: Vec<i64> = s.bytes().map(|b| b as i64 + 1).collect();
-            row.resize(seq, 0);
-            row
-        })
+        .map(|s| s.bytes().map(|b| u32::from(b) + 1).collect())
         .collect();
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [batch, seq]), &device);
+    let ids = padded_ids::<B, u32>(&rows, 0, PadSide::Right, &device);
 
     // Untrained layer: random byte embeddings, random projections.
     let mha = MultiHeadAttentionConfig::new(d_model, heads).init::<B>(&device)?;

@@ -17,15 +17,15 @@
 //!
 //! The unsafe code is the two `gemm::gemm` calls (through [`product`]), whose pointers and
 //! strides are checked against the buffers' lengths first ([`View::check`]); see the crate's
-//! SAFETY inventory.
+//! SAFETY inventory (SAFETY.md).
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, DType, Tensor, TensorPrimitive};
 use rayon::prelude::*;
 
+use super::same;
 use crate::exp::{exp_shifted, LANES};
-use crate::same;
 
 /// Most floats of one task's score block (256 KiB: it stays in L2 between the two products).
 pub(crate) const SCRATCH_FLOATS: usize = 64 * 1024;

@@ -1,19 +1,27 @@
 //! `xfmr generate`: text from a pretrained GGUF language model (SmolLM2), streamed to stdout
 //! as it is produced, with prompt and generation speed on stderr; or, with `--run`, from the
-//! GPT-like model of an `xfmr train --task lm` run (`lm.rs`).
+//! GPT-like model of an `xfmr train --task lm` run ([`xfmr_train::inference::continue_text`]).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 
 use xfmr::burn::tensor::backend::Backend;
-use xfmr::models::{GenerationOptions, SampleOptions, Strategy};
-use xfmr_llm::{fetch, LanguageModel, LmWeights, Message, WeightFormat};
+use xfmr::models::{DecoderOnly, DecoderOnlyConfig, GenerationOptions, SampleOptions, Strategy};
+use xfmr_llm::{LanguageModel, LmWeights, Message, WeightFormat};
+use xfmr_train::inference::continue_text;
+use xfmr_train::Task;
+
+use crate::backend::{with_backend, BackendArg, BackendKind};
+use crate::pretrained::gguf_path;
+use crate::runs::load_run;
 
 /// Options of `xfmr generate`.
 #[derive(clap::Args)]
-pub struct GenerateArgs {
+pub struct Args {
+    #[command(flatten)]
+    backend: BackendArg,
     /// The run directory of `xfmr train --task lm`: its model continues the prompts instead
     /// of a GGUF model (--model, --chat and --min-tokens do not apply).
     #[arg(long, conflicts_with_all = ["model", "chat"])]
@@ -65,26 +73,19 @@ pub enum Weights {
     F32,
 }
 
-pub(crate) fn model_path(model: &str) -> Result<PathBuf> {
-    if model == "smollm2" {
-        return fetch::find_smollm2().ok_or_else(|| {
-            anyhow!(
-                "SmolLM2 is not in the cache: run `xfmr fetch-model smollm2` first (or pass \
-                 --model FILE.gguf)"
-            )
-        });
-    }
-    let path = PathBuf::from(model);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(anyhow!(
-            "--model {model:?}: neither `smollm2` nor an existing GGUF file"
-        ))
-    }
+/// Runs `xfmr generate`.
+pub fn run(args: Args) -> Result<()> {
+    // Resolved once: `auto` probes the GPU drivers.
+    let backend = args.backend.resolve();
+    with_backend!(
+        backend,
+        "generate",
+        wgpu = xfmr::backend::WgpuUnfused,
+        |B| generate::<B>(&args, backend == BackendKind::Wgpu)
+    )
 }
 
-fn options<B: Backend>(lm: &LanguageModel<B>, args: &GenerateArgs) -> GenerationOptions {
+fn options<B: Backend>(lm: &LanguageModel<B>, args: &Args) -> GenerationOptions {
     let options = lm.greedy(args.max_tokens).with_min_len(args.min_tokens);
     if args.temperature > 0.0 || args.top_k.is_some() || args.top_p.is_some() {
         options.with_strategy(Strategy::Sample(SampleOptions {
@@ -105,11 +106,11 @@ fn options<B: Backend>(lm: &LanguageModel<B>, args: &GenerateArgs) -> Generation
 /// Runs `xfmr generate` on backend `B`.
 ///
 /// `gpu`: whether `B` is a GPU backend (`--weights` defaults to `f32` there).
-pub fn generate<B: Backend>(args: &GenerateArgs, gpu: bool) -> Result<()> {
+fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
     if let Some(run) = &args.run {
-        return crate::lm::generate_cmd::<B>(run, args);
+        return generate_from_run::<B>(run, args);
     }
-    let path = model_path(&args.model)?;
+    let path = gguf_path(&args.model)?;
     let device = B::Device::default();
     let start = std::time::Instant::now();
     let format = match args.weights {
@@ -185,6 +186,32 @@ pub fn generate<B: Backend>(args: &GenerateArgs, gpu: bool) -> Result<()> {
             "{} prompts in one batch: {:.2} s",
             prompts.len(),
             start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// `xfmr generate --run DIR`: the run's GPT-like model continues each prompt (greedy, or
+/// sampled with `--temperature` above 0).
+fn generate_from_run<B: Backend>(run: &Path, args: &Args) -> Result<()> {
+    let (model, tokenizer): (DecoderOnly<B>, _) =
+        load_run::<B, DecoderOnlyConfig>(run, Task::Lm, "generate --run")?;
+    let strategy = if args.temperature > 0.0 {
+        Strategy::Sample(SampleOptions {
+            temperature: args.temperature,
+            top_k: args.top_k,
+            top_p: args.top_p,
+            seed: args.seed,
+        })
+    } else {
+        Strategy::Greedy
+    };
+    let prompts: Vec<&str> = args.prompts.iter().map(String::as_str).collect();
+    let texts = continue_text(&model, &tokenizer, &prompts, strategy, args.max_tokens)?;
+    for (prompt, text) in prompts.iter().zip(texts) {
+        println!(
+            "{prompt}{}{text}",
+            if text.starts_with(' ') { "" } else { " " }
         );
     }
     Ok(())

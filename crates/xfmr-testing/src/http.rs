@@ -1,5 +1,9 @@
-//! A small HTTP/1.1 client over `std::net::TcpStream`: whole responses (chunked bodies
-//! decoded), and server-sent events read one at a time as they arrive.
+//! A small HTTP/1.1 client over `std::net::TcpStream` for the server's tests and its fuzz
+//! target: whole responses (chunked bodies decoded), and server-sent events read one at a time
+//! as they arrive. Feature `http`.
+//!
+//! Every call panics with the reason when the server's answer is not HTTP as expected: this is
+//! test code, where a panic is the failure report.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -9,12 +13,16 @@ use serde_json::Value;
 
 /// A response: status, headers (names lower-cased), body.
 pub struct Response {
+    /// The status code.
     pub status: u16,
+    /// The headers in order, names lower-cased, values trimmed.
     pub headers: Vec<(String, String)>,
+    /// The body, chunked transfer decoded.
     pub body: Vec<u8>,
 }
 
 impl Response {
+    /// The body as JSON (panics, showing the body, if it is not).
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| {
             panic!(
@@ -25,6 +33,7 @@ impl Response {
         })
     }
 
+    /// The first header called `name` (lower case).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -118,23 +127,28 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Respo
     }
 }
 
+/// `GET path`.
 pub fn get(addr: SocketAddr, path: &str) -> Response {
     request(addr, "GET", path, b"")
 }
 
+/// `POST path` with a JSON body.
 pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Response {
     request(addr, "POST", path, body.to_string().as_bytes())
 }
 
 /// A streamed response, read event by event.
 pub struct Events {
+    /// The status code.
     pub status: u16,
+    /// The headers, as in [`Response::headers`].
     pub headers: Vec<(String, String)>,
     reader: BufReader<TcpStream>,
     buffer: String,
 }
 
 impl Events {
+    /// Posts `body` to `path` and reads the head of the streamed answer.
     pub fn open(addr: SocketAddr, path: &str, body: &Value) -> Self {
         let mut reader = send(addr, "POST", path, body.to_string().as_bytes());
         let (status, headers) = read_head(&mut reader);

@@ -1,0 +1,104 @@
+//! `xfmr embed`: sentence embeddings, from all-MiniLM-L6-v2 or (`--run`) the encoder of an
+//! `xfmr train --task mlm` run, through `xfmr-sentence`'s batching and pooling either way.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use xfmr::burn::tensor::backend::Backend;
+use xfmr::models::{EncoderOnly, EncoderOnlyConfig, Pooling};
+use xfmr_sentence::Embedder;
+use xfmr_train::inference::encoder_ids;
+use xfmr_train::Task;
+
+use crate::backend::with_backend;
+use crate::pretrained::{load_encoder, ModelArgs};
+use crate::runs::load_run;
+
+/// Options of `xfmr embed`.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Sentences (or use --file).
+    sentences: Vec<String>,
+    /// Read sentences from this file, one per line.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Write `[{"sentence": ..., "embedding": [...]}, ...]` to this file instead of stdout.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The run directory of `xfmr train --task mlm`, whose encoder embeds instead of
+    /// MiniLM.
+    #[arg(long, conflicts_with = "model_dir")]
+    run: Option<PathBuf>,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// Runs `xfmr embed`.
+pub fn run(mut args: Args) -> Result<()> {
+    if let Some(file) = &args.file {
+        let text = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+        args.sentences.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(String::from),
+        );
+    }
+    if args.sentences.is_empty() {
+        bail!("no sentences: pass them as arguments or with --file");
+    }
+    with_backend!(args.model.backend.resolve(), "embed", |B| embed::<B>(&args))
+}
+
+fn embed<B: Backend>(args: &Args) -> Result<()> {
+    let sentences: Vec<&str> = args.sentences.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    let embeddings = match &args.run {
+        Some(run) => embed_run::<B>(run, &sentences, args.model.batch_size)?,
+        None => load_encoder::<B>(&args.model)?.embed(&sentences)?,
+    };
+    let elapsed = start.elapsed().as_secs_f64();
+    eprintln!(
+        "embedded {} sentences in {elapsed:.2} s ({:.1} sentences/s)",
+        sentences.len(),
+        sentences.len() as f64 / elapsed
+    );
+    match &args.json {
+        Some(path) => {
+            let rows: Vec<serde_json::Value> = sentences
+                .iter()
+                .zip(&embeddings)
+                .map(|(s, e)| serde_json::json!({ "sentence": s, "embedding": e }))
+                .collect();
+            let text = serde_json::to_string(&rows)?;
+            Ok(xfmr::io::write_atomic(path, text.as_bytes())?)
+        }
+        None => {
+            for e in &embeddings {
+                println!("{}", serde_json::to_string(e)?);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Sentence embeddings from an `mlm` run: its encoder over `[bos] + sentence + [eos]` (what it
+/// read in training), mean-pooled over the real tokens and L2-normalised (as
+/// sentence-transformers pools MiniLM), `batch_size` sentences per pass.
+fn embed_run<B: Backend>(
+    run: &Path,
+    sentences: &[&str],
+    batch_size: usize,
+) -> Result<Vec<Vec<f32>>> {
+    let (model, tokenizer): (EncoderOnly<B>, _) =
+        load_run::<B, EncoderOnlyConfig>(run, Task::Mlm, "embed --run")?;
+    let ids = sentences
+        .iter()
+        .map(|s| encoder_ids(&tokenizer, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Embedder::new(&model, &Default::default())
+        .with_pooling(Pooling::Mean)
+        .with_normalize(true)
+        .with_batch_size(batch_size)
+        .embed_ids(&ids)?)
+}

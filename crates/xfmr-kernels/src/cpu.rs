@@ -1,0 +1,275 @@
+//! The CPU features the kernels dispatch on, probed once (as candle-core's and ggml-cpu's CPU
+//! feature probes are): [`features`], and the two ladders of levels the kernels choose from,
+//! [`FloatLevel`] (the `f32` loops: [`exp_shifted`](crate::exp_shifted), [`attend_cached`](crate::attend_cached),
+//! the activation quantisation of [`quant`](crate::quant)) and [`DotLevel`] (the integer products
+//! of [`quant`](crate::quant), re-exported there as `quant::Path`).
+//!
+//! This module is the only place that asks the CPU what it has (`is_x86_feature_detected!`),
+//! and every kernel with SIMD copies dispatches the same way, ggml-cpu style (the generic code
+//! beside `#[target_feature]` copies or an `x86` module):
+//!
+//! ```text
+//! pub fn kernel(args) -> R {
+//!     kernel_on(FloatLevel::detect(), args)
+//! }
+//!
+//! /// The tests call this with every level the CPU has and compare with `Portable`.
+//! fn kernel_on(level: FloatLevel, args) -> R {
+//!     level.assert_available();
+//!     match level {
+//!         // SAFETY: the level is available (asserted above): the CPU has AVX-512F and AVX2.
+//!         FloatLevel::Avx512 => unsafe { kernel_avx512(args) },
+//!         // SAFETY: as above, AVX2.
+//!         FloatLevel::Avx2 => unsafe { kernel_avx2(args) },
+//!         _ => kernel_portable(args),
+//!     }
+//! }
+//! ```
+//!
+//! (`quant`'s products take the level as an argument instead: `QuantizedMatrix::matmul_fused`
+//! asserts it once per product, then `on_simd_path!` matches on it per row.) The levels of a
+//! ladder are cumulative: each has every feature of the levels below it.
+
+use std::sync::OnceLock;
+
+/// The CPU features the kernels use, as [`features`] found them (all `false` off x86).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Features {
+    /// AVX2 (256-bit integer and float vectors).
+    pub avx2: bool,
+    /// FMA (fused multiply-add).
+    pub fma: bool,
+    /// F16C (`f16` ↔ `f32` conversions).
+    pub f16c: bool,
+    /// AVX-512 Foundation (512-bit vectors).
+    pub avx512f: bool,
+    /// AVX-512 VL (AVX-512 instructions on 256-bit registers).
+    pub avx512vl: bool,
+    /// AVX-512 VNNI (`vpdpbusd`, EVEX-encoded).
+    pub avx512vnni: bool,
+    /// AVX-VNNI (`vpdpbusd`, VEX-encoded).
+    pub avxvnni: bool,
+}
+
+impl Features {
+    /// Asks the CPU (and the OS, for the registers' state): `is_x86_feature_detected!` on x86,
+    /// nothing elsewhere.
+    fn probe() -> Self {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            Self {
+                avx2: has!("avx2"),
+                fma: has!("fma"),
+                f16c: has!("f16c"),
+                avx512f: has!("avx512f"),
+                avx512vl: has!("avx512vl"),
+                avx512vnni: has!("avx512vnni"),
+                avxvnni: has!("avxvnni"),
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
+        {
+            Self::default()
+        }
+    }
+}
+
+/// The probe's result and the best level of each ladder, computed once.
+struct Probe {
+    features: Features,
+    float: FloatLevel,
+    dot: DotLevel,
+}
+
+fn probe() -> &'static Probe {
+    static PROBE: OnceLock<Probe> = OnceLock::new();
+    PROBE.get_or_init(|| {
+        let features = Features::probe();
+        Probe {
+            features,
+            float: FloatLevel::best(features),
+            dot: DotLevel::best(features),
+        }
+    })
+}
+
+/// This CPU's features: probed on the first call (of this or of a level's `detect` or
+/// `available`), the same value after.
+pub fn features() -> Features {
+    probe().features
+}
+
+/// The levels of the `f32` loops, each compiled from the same portable code with
+/// `#[target_feature]` (the same operations in the same order on every level, so the results
+/// do not depend on it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FloatLevel {
+    /// AVX-512F, with AVX2 (the loops on 512-bit registers).
+    Avx512,
+    /// AVX2.
+    Avx2,
+    /// Plain Rust (any CPU).
+    Portable,
+}
+
+impl FloatLevel {
+    /// Every level, best first.
+    pub const ALL: [Self; 3] = [Self::Avx512, Self::Avx2, Self::Portable];
+
+    /// The best level this CPU has (probed once).
+    pub fn detect() -> Self {
+        probe().float
+    }
+
+    /// Whether this CPU has every feature the level's code is compiled for.
+    pub fn available(self) -> bool {
+        self.supported_by(features())
+    }
+
+    /// Whether a CPU with `features` has every feature of the level.
+    pub fn supported_by(self, features: Features) -> bool {
+        match self {
+            Self::Avx512 => features.avx512f && features.avx2,
+            Self::Avx2 => features.avx2,
+            Self::Portable => true,
+        }
+    }
+
+    /// Panics unless the level is [`available`](Self::available): the check each dispatch
+    /// makes before it calls the level's `#[target_feature]` code.
+    #[track_caller]
+    pub fn assert_available(self) {
+        assert!(self.available(), "{self:?} is not available on this CPU");
+    }
+
+    fn best(features: Features) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.supported_by(features))
+            .unwrap_or(Self::Portable)
+    }
+}
+
+/// The levels of the quantised products (`quant::Path`), by the instruction that multiplies
+/// `u8` by `i8` quants: each has AVX2, FMA and F16C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DotLevel {
+    /// `vpdpbusd` on 256-bit registers (AVX-512 VNNI with VL).
+    Avx512Vnni,
+    /// `vpdpbusd` on 256-bit registers (AVX-VNNI, VEX-encoded).
+    AvxVnni,
+    /// `u8`/`i8` widened to `i16` and `vpmaddwd` (AVX2 and FMA).
+    Avx2,
+    /// Plain Rust (any CPU).
+    Portable,
+}
+
+impl DotLevel {
+    /// Every level, best first.
+    pub const ALL: [Self; 4] = [Self::Avx512Vnni, Self::AvxVnni, Self::Avx2, Self::Portable];
+
+    /// The best level this CPU has (probed once).
+    pub fn detect() -> Self {
+        probe().dot
+    }
+
+    /// Whether this CPU has every feature the level's functions enable.
+    pub fn available(self) -> bool {
+        self.supported_by(features())
+    }
+
+    /// Whether a CPU with `features` has every feature of the level.
+    pub fn supported_by(self, features: Features) -> bool {
+        let Features {
+            avx2,
+            fma,
+            f16c,
+            avx512f,
+            avx512vl,
+            avx512vnni,
+            avxvnni,
+        } = features;
+        let simd = avx2 && fma && f16c;
+        match self {
+            Self::Avx512Vnni => simd && avx512f && avx512vnni && avx512vl,
+            Self::AvxVnni => simd && avxvnni,
+            Self::Avx2 => simd,
+            Self::Portable => true,
+        }
+    }
+
+    /// Panics unless the level is [`available`](Self::available).
+    #[track_caller]
+    pub fn assert_available(self) {
+        assert!(self.available(), "{self:?} is not available on this CPU");
+    }
+
+    fn best(features: Features) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.supported_by(features))
+            .unwrap_or(Self::Portable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The probe is cached and agrees with itself; the detected levels are available and the
+    /// best available ones; no feature gives only `Portable`, every feature every level; the
+    /// levels are cumulative (a level's features include every lower level's).
+    #[test]
+    fn levels_follow_the_probed_features() {
+        assert_eq!(features(), features());
+        assert!(FloatLevel::detect().available() && DotLevel::detect().available());
+        assert_eq!(
+            FloatLevel::detect(),
+            FloatLevel::ALL.into_iter().find(|l| l.available()).unwrap()
+        );
+        assert_eq!(
+            DotLevel::detect(),
+            DotLevel::ALL.into_iter().find(|l| l.available()).unwrap()
+        );
+        let all = Features {
+            avx2: true,
+            fma: true,
+            f16c: true,
+            avx512f: true,
+            avx512vl: true,
+            avx512vnni: true,
+            avxvnni: true,
+        };
+        assert_eq!(FloatLevel::best(Features::default()), FloatLevel::Portable);
+        assert_eq!(DotLevel::best(Features::default()), DotLevel::Portable);
+        assert_eq!(FloatLevel::best(all), FloatLevel::Avx512);
+        assert_eq!(DotLevel::best(all), DotLevel::Avx512Vnni);
+        // Alder Lake: AVX-VNNI without AVX-512.
+        let alder = Features {
+            avx512f: false,
+            avx512vl: false,
+            avx512vnni: false,
+            ..all
+        };
+        assert_eq!(FloatLevel::best(alder), FloatLevel::Avx2);
+        assert_eq!(DotLevel::best(alder), DotLevel::AvxVnni);
+        // Skylake-X: AVX-512F without VNNI.
+        let skylake = Features {
+            avx512vnni: false,
+            avxvnni: false,
+            ..all
+        };
+        assert_eq!(FloatLevel::best(skylake), FloatLevel::Avx512);
+        assert_eq!(DotLevel::best(skylake), DotLevel::Avx2);
+        for f in [all, alder, skylake, Features::default()] {
+            for pair in FloatLevel::ALL.windows(2) {
+                assert!(!pair[0].supported_by(f) || pair[1].supported_by(f));
+            }
+            for pair in DotLevel::ALL[1..].windows(2) {
+                assert!(!pair[0].supported_by(f) || pair[1].supported_by(f));
+            }
+            assert!(!DotLevel::Avx512Vnni.supported_by(f) || DotLevel::Avx2.supported_by(f));
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! The glue to burn's `flex` backend (feature `flex`): the kernels that take and return burn
+//! tensors, and the checks that let generic code reach them.
+//!
+//! - [`attention()`]: the whole of `softmax(QKᵀ·s + M + A) V` per block of query rows, reading
+//!   multi-head attention's strided head views in place;
+//! - [`attention_autodiff`]: the same as one operation of `Autodiff<Flex>`'s graph, with a
+//!   backward kernel of its own (training on the CPU);
+//! - [`gelu`]: exact GELU on flex tensors, vectorised.
+//!
+//! They run only where [`runs_on`] holds: the `burn::backend::Flex` backend itself (not under
+//! `Autodiff`) with f32 tensors; [`attention_autodiff`] only where [`runs_on_autodiff`] holds
+//! (`Autodiff<Flex>`, f32). Callers check it and take burn's generic path otherwise; the
+//! kernels assert it again in debug builds. Everything else in the crate is host code on
+//! plain slices and needs no burn.
+
+use std::any::{Any, TypeId};
+
+use burn::backend::flex::Flex;
+use burn::tensor::backend::Backend;
+use burn::tensor::DType;
+
+mod attention;
+mod attention_autodiff;
+mod gelu;
+
+pub use attention::attention;
+pub use attention_autodiff::{attention_autodiff, runs_on_autodiff};
+pub use gelu::gelu;
+
+/// Whether the kernels run on backend `B` for tensors of `dtype`: the `flex` backend itself
+/// (not under `Autodiff`, whose tensors are another type), f32.
+pub fn runs_on<B: Backend>(dtype: DType) -> bool {
+    TypeId::of::<B>() == TypeId::of::<Flex>() && dtype == DType::F32
+}
+
+/// `x` as type `U`; the caller has checked that `T` is `U` ([`runs_on`]).
+fn same<T: 'static, U: 'static>(x: T) -> U {
+    *(Box::new(x) as Box<dyn Any>)
+        .downcast::<U>()
+        .unwrap_or_else(|_| panic!("xfmr-kernels: called where `runs_on` does not hold"))
+}

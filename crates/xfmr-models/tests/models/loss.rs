@@ -1,0 +1,239 @@
+//! The label-smoothed loss (both smoothing masses) against its formula, computed on the host in
+//! f64 from the same inputs, and its closed-form gradient against the autodiff of the formula.
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
+use xfmr_models::{LabelSmoothedCrossEntropyConfig, SmoothedLoss, SmoothingMass};
+
+type B = NdArray<f32>;
+
+const MASSES: [SmoothingMass; 2] = [SmoothingMass::NonPadding, SmoothingMass::AllTokens];
+
+/// The loss under test.
+fn smoothed<B: Backend>(
+    logits: Tensor<B, 3>,
+    targets: Tensor<B, 2, Int>,
+    pad: u32,
+    eps: f64,
+    mass: SmoothingMass,
+) -> SmoothedLoss<B> {
+    LabelSmoothedCrossEntropyConfig::new(pad)
+        .with_epsilon(eps)
+        .with_mass(mass)
+        .init()
+        .unwrap()
+        .forward(logits, targets)
+}
+
+/// A small deterministic generator (splitmix64), so the inputs need no global seed.
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (z >> 40) as f32 / (1u64 << 24) as f32 * 6.0 - 3.0
+        })
+        .collect()
+}
+
+/// `L = Σ_t [−(1−ε) log p(y_t) − ε/|S| Σ_{v∈S} log p(v)] / #non-pad`, `S` the tokens other than
+/// `y_t` and padding (`NonPadding`) or every token (`AllTokens`), and the NLL.
+fn host_loss(
+    logits: &[f32],
+    targets: &[i64],
+    vocab: usize,
+    pad: u32,
+    eps: f64,
+    mass: SmoothingMass,
+) -> (f64, f64) {
+    let pad = pad as usize;
+    let (mut loss, mut nll, mut count) = (0.0, 0.0, 0usize);
+    for (t, &y) in targets.iter().enumerate() {
+        if y as usize == pad {
+            continue;
+        }
+        let row: Vec<f64> = logits[t * vocab..(t + 1) * vocab]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let log_z = max + row.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        let lp = |v: usize| row[v] - log_z;
+        let set: Vec<usize> = match mass {
+            SmoothingMass::NonPadding => (0..vocab)
+                .filter(|&v| v != y as usize && v != pad)
+                .collect(),
+            SmoothingMass::AllTokens => (0..vocab).collect(),
+        };
+        let others: f64 = set.iter().map(|&v| lp(v)).sum();
+        loss += -(1.0 - eps) * lp(y as usize) - eps / set.len() as f64 * others;
+        nll += -lp(y as usize);
+        count += 1;
+    }
+    (loss / count as f64, nll / count as f64)
+}
+
+#[test]
+fn label_smoothed_loss_equals_its_formula() {
+    let device = Default::default();
+    let (batch, seq, vocab, pad) = (3, 5, 11, 0);
+    let logits = values(batch * seq * vocab, 7);
+    // Row 1 ends in padding, row 2 is padding after its first token.
+    let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
+    for (eps, mass) in [0.0, 0.1, 0.3]
+        .into_iter()
+        .flat_map(|eps| MASSES.map(|mass| (eps, mass)))
+    {
+        let out = smoothed(
+            Tensor::<B, 3>::from_data(
+                TensorData::new(logits.clone(), [batch, seq, vocab]),
+                &device,
+            ),
+            Tensor::<B, 2, Int>::from_data(TensorData::new(targets.clone(), [batch, seq]), &device),
+            pad,
+            eps,
+            mass,
+        );
+        let (want_loss, want_nll) = host_loss(&logits, &targets, vocab, pad, eps, mass);
+        let loss = f64::from(out.loss.into_scalar());
+        let nll = f64::from(out.nll.into_scalar());
+        // f32 log-softmax over 11 logits in [-3, 3]: a few ulps of values near 3.
+        assert!(
+            (loss - want_loss).abs() <= 1e-5,
+            "ε={eps}, {mass:?}: loss {loss} vs {want_loss}"
+        );
+        assert!(
+            (nll - want_nll).abs() <= 1e-5,
+            "ε={eps}, {mass:?}: nll {nll} vs {want_nll}"
+        );
+        assert_eq!(out.tokens, 9);
+    }
+}
+
+/// Padding changes nothing: appending padded positions (with any logits) leaves loss and NLL.
+#[test]
+fn label_smoothed_loss_ignores_padding_positions() {
+    let device = Default::default();
+    let vocab = 7;
+    let logits = values(2 * 6 * vocab, 11);
+    let short: Vec<i64> = vec![3, 4, 5, 6];
+    let long: Vec<i64> = vec![3, 4, 1, 1, 1, 1, 5, 6, 1, 1, 1, 1];
+    let short_logits: Vec<f32> = [&logits[..2 * vocab], &logits[6 * vocab..8 * vocab]].concat();
+    let run = |l: Vec<f32>, t: Vec<i64>, seq: usize, mass| {
+        let out = smoothed(
+            Tensor::<B, 3>::from_data(TensorData::new(l, [2, seq, vocab]), &device),
+            Tensor::<B, 2, Int>::from_data(TensorData::new(t, [2, seq]), &device),
+            1,
+            0.1,
+            mass,
+        );
+        (f64::from(out.loss.into_scalar()), out.tokens)
+    };
+    for mass in MASSES {
+        let (a, na) = run(short_logits.clone(), short.clone(), 2, mass);
+        let (b, nb) = run(logits.clone(), long.clone(), 6, mass);
+        assert_eq!(na, nb);
+        assert!((a - b).abs() <= 1e-6, "{mass:?}: {a} vs {b}");
+    }
+}
+
+/// The loss's formula differentiated by autodiff: log-softmax, the target's and the padding
+/// column's log-probabilities, the row sums: the formula whose gradient
+/// `LabelSmoothedCrossEntropy` hands autodiff in closed form.
+fn formula_loss<B: Backend>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 2, Int>,
+    pad: u32,
+    eps: f64,
+    mass: SmoothingMass,
+) -> Tensor<B, 1> {
+    let [n, vocab] = logits.dims();
+    let log_probs = log_softmax(logits, 1);
+    let keep = targets
+        .clone()
+        .not_equal_elem(i64::from(pad))
+        .float()
+        .reshape([n]);
+    let count = keep.clone().sum();
+    let target_lp = log_probs.clone().gather(1, targets).reshape([n]);
+    let pad_lp = log_probs.clone().narrow(1, pad as usize, 1).reshape([n]);
+    let all = log_probs.sum_dim(1).reshape([n]);
+    let (others, set) = match mass {
+        SmoothingMass::NonPadding => (all - target_lp.clone() - pad_lp, vocab - 2),
+        SmoothingMass::AllTokens => (all, vocab),
+    };
+    let per_token = target_lp.mul_scalar(-(1.0 - eps)) - others.mul_scalar(eps / set as f64);
+    (per_token * keep).sum() / count
+}
+
+/// The closed-form gradient the loss gives autodiff equals the autodiff of its formula, padded
+/// rows get none, and the value is unchanged.
+#[test]
+fn label_smoothed_loss_gradient_equals_autodiff_of_its_formula() {
+    type Ad = Autodiff<B>;
+    let device = Default::default();
+    let (batch, seq, vocab, pad) = (3, 5, 11, 0);
+    let logits = values(batch * seq * vocab, 13);
+    let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
+    let n = batch * seq;
+    for (eps, mass) in [0.0, 0.1, 0.3]
+        .into_iter()
+        .flat_map(|eps| MASSES.map(|mass| (eps, mass)))
+    {
+        let leaf = || {
+            Tensor::<Ad, 2>::from_data(TensorData::new(logits.clone(), [n, vocab]), &device)
+                .require_grad()
+        };
+        let ids =
+            || Tensor::<Ad, 2, Int>::from_data(TensorData::new(targets.clone(), [n, 1]), &device);
+        let (ours, reference) = (leaf(), leaf());
+        let out = smoothed(
+            ours.clone().reshape([batch, seq, vocab]),
+            ids().reshape([batch, seq]),
+            pad,
+            eps,
+            mass,
+        );
+        let want = formula_loss(reference.clone(), ids(), pad, eps, mass);
+        let (value, want_value) = (
+            f64::from(out.loss.clone().into_scalar()),
+            f64::from(want.clone().into_scalar()),
+        );
+        assert!(
+            (value - want_value).abs() <= 1e-5,
+            "ε={eps}, {mass:?}: {value} vs {want_value}"
+        );
+        let got = ours.grad(&out.loss.backward()).unwrap().into_data();
+        let want = reference.grad(&want.backward()).unwrap().into_data();
+        let (got, want) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+        // Entries are (p − q) / 9 with p, q ≤ 1: both sides are f32 softmaxes a few ulps
+        // (2⁻²⁴ ≈ 6e-8) from exact, so 1e-7 absolute is ~10 ulps of the largest entry.
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-7,
+                "ε={eps}, {mass:?}, entry {i}: {g} vs {w}"
+            );
+        }
+        for (t, &y) in targets.iter().enumerate() {
+            if y == i64::from(pad) {
+                assert!(got[t * vocab..(t + 1) * vocab].iter().all(|&g| g == 0.0));
+            }
+        }
+    }
+}
+
+/// An `ε` outside `[0, 1)` is a typed error naming the field.
+#[test]
+fn label_smoothed_loss_refuses_an_epsilon_outside_its_range() {
+    for eps in [1.0, -0.1, f64::NAN] {
+        let err = LabelSmoothedCrossEntropyConfig::new(0)
+            .with_epsilon(eps)
+            .init()
+            .unwrap_err();
+        assert!(err.to_string().contains("`epsilon`"), "{err}");
+    }
+}

@@ -1,0 +1,203 @@
+//! What chat and completions share: their generation settings checked, a prompt submitted to
+//! the decoding engine, a whole answer collected.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use burn::tensor::backend::Backend;
+use serde_json::Value;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::time::Instant;
+use xfmr_models::generate::{SampleOptions, TokenChooser};
+
+use super::strings;
+use crate::api::GenerationRequest;
+use crate::engine::{Event, Finish, Job};
+use crate::error::ApiError;
+use crate::AppState;
+
+/// A request's generation settings, checked.
+pub(super) struct Settings {
+    max_tokens: Option<usize>,
+    sample: Option<SampleOptions>,
+    stop: Vec<String>,
+    bias: Vec<(u32, f32)>,
+}
+
+/// The longest stop string, bytes.
+const MAX_STOP_BYTES: usize = 256;
+/// Below this temperature a request decodes greedily.
+const MIN_TEMPERATURE: f64 = 1e-3;
+
+/// Seeds for sampled requests that give none: different for each request.
+static SEEDS: AtomicU64 = AtomicU64::new(0);
+
+/// `req`'s settings, each checked (`limit`: the server's `max_tokens`; `vocab`: the model's
+/// vocabulary size, for `logit_bias`).
+pub(super) fn settings(
+    req: &GenerationRequest,
+    limit: usize,
+    vocab: usize,
+) -> Result<Settings, ApiError> {
+    if let Some(n) = req.n.filter(|&n| n != 1) {
+        return Err(ApiError::invalid(
+            Some("n"),
+            format!("n = {n}: this server returns one choice per prompt (n = 1)"),
+        ));
+    }
+    let (field, max_tokens) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => ("max_completion_tokens", Some(m)),
+        (None, m) => ("max_tokens", m),
+    };
+    if let Some(m) = max_tokens {
+        if m == 0 || m > limit as u64 {
+            return Err(ApiError::invalid(
+                Some(field),
+                format!("{field} = {m}: must be in 1..={limit} on this server"),
+            ));
+        }
+    }
+    let temperature = req.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid(
+            Some("temperature"),
+            format!("temperature = {temperature}: must be in [0, 2]"),
+        ));
+    }
+    let top_p = req.top_p.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&top_p) {
+        return Err(ApiError::invalid(
+            Some("top_p"),
+            format!("top_p = {top_p}: must be in [0, 1]"),
+        ));
+    }
+    let stop = match &req.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => strings("stop", v, 4)?,
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            "stop: empty strings stop nothing",
+        ));
+    }
+    if let Some(i) = stop.iter().position(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(ApiError::invalid(
+            Some(&format!("stop[{i}]")),
+            format!("stop[{i}]: longer than {MAX_STOP_BYTES} bytes"),
+        ));
+    }
+    // Temperatures this low, and `top_p` 0 (only the most probable token), are greedy
+    // decoding: sampling would divide the logits by almost nothing.
+    let greedy = temperature < MIN_TEMPERATURE || top_p == 0.0;
+    let sample = (!greedy).then(|| SampleOptions {
+        temperature,
+        top_k: None,
+        top_p: (top_p < 1.0).then_some(top_p),
+        seed: match req.seed {
+            Some(seed) => seed as u64,
+            None => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                nanos ^ SEEDS.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            }
+        },
+    });
+    let bias = req
+        .logit_bias
+        .iter()
+        .flatten()
+        .map(|(id, &bias)| {
+            let param = format!("logit_bias.{id}");
+            let token = id.parse::<u32>().ok().filter(|&t| (t as usize) < vocab);
+            match token {
+                Some(t) if (-100.0..=100.0).contains(&bias) => Ok((t, bias as f32)),
+                Some(_) => Err(ApiError::invalid(
+                    Some(&param),
+                    format!("{param} = {bias}: a bias must be in [-100, 100]"),
+                )),
+                None => Err(ApiError::invalid(
+                    Some(&param),
+                    format!("{param}: keys are token ids below {vocab}"),
+                )),
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Settings {
+        max_tokens: max_tokens.map(|m| m as usize),
+        sample,
+        stop,
+        bias,
+    })
+}
+
+/// Submits one prompt to the engine: checks it against the context and the limit, returns the
+/// events' receiver and the prompt's length.
+pub(super) fn submit<B: Backend>(
+    state: &AppState<B>,
+    prompt: &str,
+    param: &str,
+    settings: &Settings,
+) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
+    let llm = state.llm.as_ref().expect("checked by the caller");
+    // Tokenising a prompt of up to the body limit is CPU work: off the async workers' list
+    // while it runs, so that other connections are served meanwhile.
+    let ids = tokio::task::block_in_place(|| llm.tokenizer.encode(prompt))
+        .map_err(|e| ApiError::invalid(Some(param), format!("{param}: {e}")))?;
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!("{param}: the prompt has no tokens"),
+        ));
+    }
+    let context = llm.model.config.context_length;
+    let room = context.saturating_sub(ids.len());
+    let max_tokens = settings
+        .max_tokens
+        .unwrap_or_else(|| state.config.max_tokens.min(room));
+    if max_tokens == 0 || ids.len() + max_tokens > context {
+        return Err(ApiError::invalid(
+            Some(param),
+            format!(
+                "this model's context is {context} tokens; the prompt has {} and {max_tokens} \
+                 more were asked for (lower max_tokens or shorten the prompt)",
+                ids.len()
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let (events, rx) = unbounded_channel();
+    llm.engine.submit(Job {
+        prompt: ids.clone(),
+        max_tokens,
+        chooser: TokenChooser::new(settings.sample.clone()),
+        stop: settings.stop.clone(),
+        bias: settings.bias.clone(),
+        events,
+    })?;
+    Ok((rx, ids.len()))
+}
+
+/// All of a request's text, its end, its token count and its prompt tokens taken from the
+/// prefix cache, within `timeout`.
+pub(super) async fn collect(
+    mut rx: UnboundedReceiver<Event>,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<(String, Finish, usize, usize), ApiError> {
+    let mut text = String::new();
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Err(_) => return Err(ApiError::timeout(timeout)),
+            Ok(None) => return Err(ApiError::internal("the language model's thread stopped")),
+            Ok(Some(Event::Text(piece))) => text.push_str(&piece),
+            Ok(Some(Event::Done {
+                finish,
+                completion_tokens,
+                cached_tokens,
+            })) => return Ok((text, finish, completion_tokens, cached_tokens)),
+            Ok(Some(Event::Failed(message))) => return Err(ApiError::internal(message)),
+        }
+    }
+}

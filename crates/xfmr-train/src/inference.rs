@@ -1,0 +1,207 @@
+//! The language models of `lm` and `mlm` runs put to use: continuing text with the causal
+//! model ([`CausalLm`](crate::CausalLm)'s [`DecoderOnly`]), filling in masks with the masked
+//! one ([`MaskedLm`](crate::MaskedLm)'s [`EncoderOnly`]), and the token ids each reads as it
+//! read them in training. (A translation run's model translates through
+//! [`translate`](crate::translate).)
+
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use thiserror::Error;
+use xfmr_models::{DecoderOnly, EncoderOnly, GenerationOptions, Strategy};
+
+use crate::tokenizer::{SubwordTokenizer, MASK};
+use crate::trainer::TrainError;
+
+/// `[bos] + text`: a prompt of the causal model, which learnt to continue what follows the
+/// start token.
+///
+/// # Errors
+/// [`TrainError::Tokenizer`] if the text cannot be encoded.
+pub fn prompt_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>, TrainError> {
+    let mut ids = vec![tokenizer.bos_id()];
+    ids.extend(tokenizer.encode(text)?);
+    Ok(ids)
+}
+
+/// `[bos] + text + [eos]`: what the masked model's encoder read in training (BERT's
+/// `[CLS] … [SEP]`).
+///
+/// # Errors
+/// [`TrainError::Tokenizer`] if the text cannot be encoded.
+pub fn encoder_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>, TrainError> {
+    let mut ids = prompt_ids(tokenizer, text)?;
+    ids.push(tokenizer.eos_id());
+    Ok(ids)
+}
+
+/// Continues each prompt with `strategy`, at most `max_tokens` tokens (stopping at the end
+/// token), as one left-padded batch; returns the continuations' text (without the prompts).
+///
+/// # Errors
+/// Encoding or decoding; the model's errors (an invalid strategy, a context longer than a
+/// learned position table).
+pub fn continue_text<B: Backend>(
+    model: &DecoderOnly<B>,
+    tokenizer: &SubwordTokenizer,
+    prompts: &[&str],
+    strategy: Strategy,
+    max_tokens: usize,
+) -> Result<Vec<String>, TrainError> {
+    let ids = prompts
+        .iter()
+        .map(|p| prompt_ids(tokenizer, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = GenerationOptions::greedy(max_tokens, tokenizer.eos_id(), tokenizer.pad_id())
+        .with_strategy(strategy);
+    let out = model.generate(&ids, &options)?;
+    out.best_tokens()
+        .iter()
+        .map(|t| Ok(tokenizer.decode(t)?))
+        .collect()
+}
+
+/// One candidate for a masked position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Filler {
+    /// Its token id.
+    pub id: u32,
+    /// Its subword piece (empty for an id without one).
+    pub piece: String,
+    /// Its probability at the position (the softmax of the masked model's logits).
+    pub probability: f32,
+}
+
+/// Why masks cannot be filled in.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum FillMaskError {
+    /// The vocabulary has no mask token: not an `mlm` run's.
+    #[error("the run's vocabulary has no {} token", MASK)]
+    NoMaskToken,
+    /// The text holds no mask token.
+    #[error("{text:?} has no {} to fill in", MASK)]
+    NoMask {
+        /// The text.
+        text: String,
+    },
+    /// Encoding the text, or the model.
+    #[error(transparent)]
+    Train(#[from] TrainError),
+}
+
+/// The `k` most probable tokens for each [`MASK`] of `text`, in the order of the masks, most
+/// probable first: the masked model reads `[bos] + text + [eos]` ([`encoder_ids`]) and its MLM
+/// head's softmax ranks the vocabulary at each masked position.
+///
+/// # Errors
+/// [`FillMaskError::NoMaskToken`] for a vocabulary without the mask token,
+/// [`FillMaskError::NoMask`] for a text without one; encoding and the model's errors (a text
+/// longer than the position table).
+///
+/// # Panics
+/// If the model has no MLM head (`EncoderOnlyConfig::mlm_head`; an `mlm` run's has).
+pub fn fill_mask<B: Backend>(
+    model: &EncoderOnly<B>,
+    tokenizer: &SubwordTokenizer,
+    text: &str,
+    k: usize,
+    device: &B::Device,
+) -> Result<Vec<Vec<Filler>>, FillMaskError> {
+    let mask = tokenizer.mask_id().ok_or(FillMaskError::NoMaskToken)?;
+    let ids = encoder_ids(tokenizer, text)?;
+    let positions: Vec<usize> = (0..ids.len()).filter(|&i| ids[i] == mask).collect();
+    if positions.is_empty() {
+        return Err(FillMaskError::NoMask { text: text.into() });
+    }
+    let n = ids.len();
+    let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), device);
+    let hidden = model.forward(ids, None, None).map_err(TrainError::from)?;
+    let logits = model.mlm_logits(hidden);
+    let vocab = logits.dims()[2];
+    let probs: Vec<f32> = softmax(logits.reshape([n, vocab]), 1)
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .expect("f32 data after the conversion");
+    Ok(positions
+        .iter()
+        .map(|&i| {
+            let row = &probs[i * vocab..(i + 1) * vocab];
+            let mut ranked: Vec<(u32, f32)> = (0u32..).zip(row.iter().copied()).collect();
+            ranked.sort_by(|a, b| b.1.total_cmp(&a.1));
+            ranked
+                .into_iter()
+                .take(k)
+                .map(|(id, probability)| Filler {
+                    id,
+                    piece: tokenizer.piece(id).unwrap_or_default(),
+                    probability,
+                })
+                .collect()
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+
+    use super::{encoder_ids, fill_mask, FillMaskError};
+    use crate::data::Pair;
+    use crate::spec::{Preset, RunSpec, Task};
+    use crate::tokenizer::MASK;
+    use crate::trainer::TrainConfig;
+
+    /// An untrained `mlm` model ranks `k` fillers per mask, most probable first, with
+    /// probabilities of one softmax; a text without a mask and a vocabulary without the mask
+    /// token are typed errors.
+    #[test]
+    fn fill_mask_ranks_k_fillers_per_mask() {
+        let pairs: Vec<Pair> = ["the cat sat", "a dog ran", "the dog sat on the mat"]
+            .iter()
+            .map(|t| Pair {
+                src: String::new(),
+                tgt: t.to_string(),
+            })
+            .collect();
+        let tokenizer = Task::Mlm.learn_vocabulary(&pairs, 60).unwrap();
+        let spec = Preset::Tiny
+            .spec(Task::Mlm, &tokenizer, None, 20, TrainConfig::new())
+            .unwrap();
+        let RunSpec::Mlm { objective, .. } = spec else {
+            panic!("an mlm run")
+        };
+        let device = Default::default();
+        let model = objective.model.init::<NdArray>(&device).unwrap();
+        let text = format!("the {MASK} sat on {MASK} mat");
+        assert_eq!(
+            encoder_ids(&tokenizer, &text)
+                .unwrap()
+                .iter()
+                .filter(|&&id| Some(id) == tokenizer.mask_id())
+                .count(),
+            2
+        );
+        let fills = fill_mask(&model, &tokenizer, &text, 3, &device).unwrap();
+        assert_eq!(fills.len(), 2);
+        for fillers in &fills {
+            assert_eq!(fillers.len(), 3);
+            assert!(fillers
+                .windows(2)
+                .all(|w| w[0].probability >= w[1].probability));
+            let total: f32 = fillers.iter().map(|f| f.probability).sum();
+            assert!(total > 0.0 && total <= 1.0 + 1e-5, "{total}");
+        }
+        assert!(matches!(
+            fill_mask(&model, &tokenizer, "the cat", 3, &device),
+            Err(FillMaskError::NoMask { .. })
+        ));
+        let plain = Task::Lm.learn_vocabulary(&pairs, 60).unwrap();
+        assert!(matches!(
+            fill_mask(&model, &plain, &text, 3, &device),
+            Err(FillMaskError::NoMaskToken)
+        ));
+    }
+}
