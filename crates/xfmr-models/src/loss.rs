@@ -23,7 +23,8 @@
 //! statistics as the value) instead of differentiating its own formula, which saves the
 //! log-softmax's backward passes over the `[tokens, V]` logits; PyTorch's fused
 //! `cross_entropy` backward does the same. Tests compare it with the autodiff of the formula
-//! and with PyTorch's gradients.
+//! (`tests/models/loss.rs`), for both masses. Only first derivatives are right: nothing
+//! differentiates the closed form again.
 
 use burn::config::Config;
 use burn::tensor::{backend::Backend, ElementConversion, IndexingUpdateOp, Int, Tensor};
@@ -110,6 +111,9 @@ pub struct SmoothedLoss<B: Backend> {
 
 impl LabelSmoothedCrossEntropy {
     /// The loss of `logits` against `targets`.
+    ///
+    /// Under autodiff, the loss's gradient with respect to `logits` is the closed form of the
+    /// module docs: right for first derivatives (training), not for second ones.
     ///
     /// # Shapes
     /// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`

@@ -8,7 +8,9 @@
 //! - no `#[path]` include reaches into another crate (nor from `benches/` or `examples/`,
 //!   which belong to no crate's directory);
 //! - no library crate turns on a burn backend feature unconditionally: a backend is the
-//!   choice of the application (or of a feature the user turns on).
+//!   choice of the application, or of a feature of the crate (the facade's default `ndarray`
+//!   among them, which a user turns off with `default-features = false`);
+//! - every public error enum is `#[non_exhaustive]`.
 //!
 //! The checks read files only (no cargo, no network) and name the file and line at fault.
 
