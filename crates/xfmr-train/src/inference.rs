@@ -10,6 +10,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use thiserror::Error;
 use xfmr_models::{DecoderOnly, EncoderOnly, GenerationOptions, Strategy};
 
+use crate::objective::framed;
 use crate::tokenizer::{SubwordTokenizer, MASK};
 use crate::trainer::TrainError;
 
@@ -19,9 +20,11 @@ use crate::trainer::TrainError;
 /// # Errors
 /// [`TrainError::Tokenizer`] if the text cannot be encoded.
 pub fn prompt_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>, TrainError> {
-    let mut ids = vec![tokenizer.bos_id()];
-    ids.extend(tokenizer.encode(text)?);
-    Ok(ids)
+    Ok(framed(
+        Some(tokenizer.bos_id()),
+        &tokenizer.encode(text)?,
+        None,
+    ))
 }
 
 /// `[bos] + text + [eos]`: what the masked model's encoder read in training (BERT's
@@ -30,9 +33,8 @@ pub fn prompt_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>, 
 /// # Errors
 /// [`TrainError::Tokenizer`] if the text cannot be encoded.
 pub fn encoder_ids(tokenizer: &SubwordTokenizer, text: &str) -> Result<Vec<u32>, TrainError> {
-    let mut ids = prompt_ids(tokenizer, text)?;
-    ids.push(tokenizer.eos_id());
-    Ok(ids)
+    let (bos, eos) = (tokenizer.bos_id(), tokenizer.eos_id());
+    Ok(framed(Some(bos), &tokenizer.encode(text)?, Some(eos)))
 }
 
 /// Continues each prompt with `strategy`, at most `max_tokens` tokens (stopping at the end

@@ -11,7 +11,7 @@ use xfmr_models::{BeamOptions, GenerationOptions, ModelError, Strategy, Transfor
 
 use crate::data::Pair;
 use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
-use crate::objective::Example;
+use crate::objective::{framed, Example};
 use crate::tokenizer::SubwordTokenizer;
 use crate::trainer::TrainError;
 
@@ -65,9 +65,11 @@ pub fn translate<B: Backend>(
     let sources = sentences
         .iter()
         .map(|s| {
-            let mut ids = tokenizer.encode(s)?;
-            ids.push(tokenizer.eos_id());
-            Ok(ids)
+            Ok(framed(
+                None,
+                &tokenizer.encode(s)?,
+                Some(tokenizer.eos_id()),
+            ))
         })
         .collect::<Result<Vec<_>, TrainError>>()?;
     let mut order: Vec<usize> = (0..sources.len()).collect();
@@ -321,11 +323,8 @@ pub fn translation_attention<B: Backend>(
         .next();
     let (translation, target) =
         candidate.map_or((String::new(), Vec::new()), |c| (c.text, c.tokens));
-    let mut src = tokenizer.encode(sentence)?;
-    src.push(tokenizer.eos_id());
-    let tgt_in: Vec<u32> = std::iter::once(tokenizer.bos_id())
-        .chain(target.iter().copied())
-        .collect();
+    let src = framed(None, &tokenizer.encode(sentence)?, Some(tokenizer.eos_id()));
+    let tgt_in = framed(Some(tokenizer.bos_id()), &target, None);
     let piece = |&id: &u32| tokenizer.piece(id).unwrap_or_else(|| format!("#{id}"));
     let tensor = |ids: &[u32]| {
         let ids: Vec<i64> = ids.iter().map(|&t| t as i64).collect();

@@ -5,8 +5,8 @@ use burn::tensor::backend::Backend;
 use xfmr_models::DecoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
-    BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
+    smoothed_loss, BatchLoss, ModelOf, Objective,
 };
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
@@ -84,14 +84,13 @@ impl Objective for CausalLm {
         _draws: &[u64],
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
-        let ids = |e: &Vec<u32>| e.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
-        let inputs: Vec<Vec<i64>> = batch
+        let inputs: Vec<Vec<u32>> = batch
             .iter()
-            .map(|e| [vec![self.bos_id as i64], ids(e)].concat())
+            .map(|e| framed(Some(self.bos_id), e, None))
             .collect();
-        let outputs: Vec<Vec<i64>> = batch
+        let outputs: Vec<Vec<u32>> = batch
             .iter()
-            .map(|e| [ids(e), vec![self.eos_id as i64]].concat())
+            .map(|e| framed(None, e, Some(self.eos_id)))
             .collect();
         let pad = self.model.pad_id;
         let logits = model.forward(padded(&inputs, pad, device))?;

@@ -7,8 +7,8 @@ use burn::tensor::backend::Backend;
 use xfmr_models::EncoderOnlyConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
-    BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
+    smoothed_loss, BatchLoss, ModelOf, Objective,
 };
 use crate::data::SplitMix64;
 use crate::tokenizer::SubwordTokenizer;
@@ -194,16 +194,14 @@ impl Objective for MaskedLm {
         draws: &[u64],
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
-        let pad = self.model.pad_id as i64;
+        let pad = self.model.pad_id;
         let (mut inputs, mut targets) = (Vec::new(), Vec::new());
         for (example, &draw) in batch.iter().zip(draws) {
             let masking = mask_tokens(self, example, draw);
-            let mut input = vec![self.bos_id as i64];
-            input.extend(masking.input.iter().map(|&t| i64::from(t)));
-            input.push(self.eos_id as i64);
+            let input = framed(Some(self.bos_id), &masking.input, Some(self.eos_id));
             let mut target = vec![pad; input.len()];
             for &i in &masking.chosen {
-                target[i + 1] = i64::from(example[i]);
+                target[i + 1] = example[i];
             }
             inputs.push(input);
             targets.push(target);

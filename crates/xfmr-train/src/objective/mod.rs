@@ -192,12 +192,24 @@ pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
     }
 }
 
+/// `[start] ids [end]`: a token sequence framed by the special ids a model reads and predicts
+/// around it (`None`: no token on that side). The one framing of the objectives and of
+/// inference: the causal model reads `[bos] ids` and predicts `ids [eos]`, the masked model
+/// reads `[bos] ids [eos]`, the translation model's encoder `ids [eos]`.
+pub fn framed(start: Option<u32>, ids: &[u32], end: Option<u32>) -> Vec<u32> {
+    start
+        .into_iter()
+        .chain(ids.iter().copied())
+        .chain(end)
+        .collect()
+}
+
 /// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor
 /// ([`xfmr_models::padded_ids`]).
 pub(crate) fn padded<B: Backend>(
-    rows: &[Vec<i64>],
+    rows: &[Vec<u32>],
     pad: u32,
     device: &B::Device,
 ) -> Tensor<B, 2, Int> {
-    xfmr_models::padded_ids(rows, i64::from(pad), xfmr_models::PadSide::Right, device)
+    xfmr_models::padded_ids(rows, pad, xfmr_models::PadSide::Right, device)
 }

@@ -6,8 +6,8 @@ use burn::tensor::{Int, Tensor};
 use xfmr_models::TransformerConfig;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, padded, smoothed_loss,
-    BatchLoss, ModelOf, Objective,
+    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
+    smoothed_loss, BatchLoss, ModelOf, Objective,
 };
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
@@ -43,13 +43,11 @@ impl<B: Backend> TranslationBatch<B> {
     /// If `examples` is empty.
     pub fn new(examples: &[&Example], pad: u32, bos: u32, eos: u32, device: &B::Device) -> Self {
         assert!(!examples.is_empty(), "TranslationBatch::new: no examples");
-        let ids = |v: &[u32]| v.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
-        let (bos, eos) = (i64::from(bos), i64::from(eos));
         let rows =
-            |f: &dyn Fn(&Example) -> Vec<i64>| examples.iter().map(|e| f(e)).collect::<Vec<_>>();
-        let src = rows(&|e| [ids(&e.src), vec![eos]].concat());
-        let tgt_in = rows(&|e| [vec![bos], ids(&e.tgt)].concat());
-        let tgt_out = rows(&|e| [ids(&e.tgt), vec![eos]].concat());
+            |f: &dyn Fn(&Example) -> Vec<u32>| examples.iter().map(|e| f(e)).collect::<Vec<_>>();
+        let src = rows(&|e| framed(None, &e.src, Some(eos)));
+        let tgt_in = rows(&|e| framed(Some(bos), &e.tgt, None));
+        let tgt_out = rows(&|e| framed(None, &e.tgt, Some(eos)));
         Self {
             src: padded(&src, pad, device),
             tgt_in: padded(&tgt_in, pad, device),
