@@ -143,6 +143,47 @@ pub fn materialise<B: Backend, M: Module<B>>(module: &M) {
     module.visit(&mut Materialise);
 }
 
+/// A checkpoint directory that [`verify`] has checked against its manifest: its files can be
+/// read and decoded without hashing them again (a resumed trainer reads its own state from the
+/// directory, then loads the model through this).
+#[derive(Debug, Clone, Copy)]
+pub struct Verified<'a> {
+    dir: &'a Path,
+}
+
+impl Verified<'_> {
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        self.dir
+    }
+
+    /// [`load_expecting`] without checking the manifest again.
+    ///
+    /// # Errors
+    /// As [`load_expecting`], but for the manifest.
+    pub fn load_expecting<B: Backend, C: ModelConfig>(
+        &self,
+        expected: &C,
+        device: &B::Device,
+    ) -> Result<C::Model<B>, ModelError> {
+        let dir = self.dir;
+        let found: C = read_config(dir)?;
+        let path = dir.join(CONFIG_FILE);
+        let to_value = |c: &C| serde_json::to_value(c).map_err(|e| ModelError::json(&path, e));
+        if let Some((field, want, got)) =
+            first_difference(&to_value(expected)?, &to_value(&found)?, "")
+        {
+            return Err(ModelError::ConfigMismatch {
+                path: dir.to_path_buf(),
+                field,
+                expected: want,
+                found: got,
+            });
+        }
+        load_weights(dir, &found, device)
+    }
+}
+
 /// Checks checkpoint directory `dir` against its manifest: it lists `config.json` and
 /// `model.mpk`, and every file it lists (those added by [`save_with`] too) is present with the
 /// recorded size and hash. [`load`], [`load_expecting`] and [`load_config`] call it first.
@@ -150,7 +191,7 @@ pub fn materialise<B: Backend, M: Module<B>>(module: &M) {
 /// # Errors
 /// [`ModelError::Checkpoint`] naming the directory, the manifest or the file that is missing,
 /// truncated or corrupt.
-pub fn verify(dir: &Path) -> Result<(), ModelError> {
+pub fn verify(dir: &Path) -> Result<Verified<'_>, ModelError> {
     let manifest = dir.join(xfmr_io::MANIFEST_FILE);
     if !manifest.exists() && dir.join(CONFIG_FILE).is_file() && dir.join(WEIGHTS_FILE).is_file() {
         return Err(ModelError::checkpoint(
@@ -161,7 +202,8 @@ pub fn verify(dir: &Path) -> Result<(), ModelError> {
         ));
     }
     xfmr_io::verify_manifest(dir, &[CONFIG_FILE, WEIGHTS_FILE])
-        .map_err(|e| ModelError::checkpoint(e.path, e.message))
+        .map_err(|e| ModelError::checkpoint(e.path, e.message))?;
+    Ok(Verified { dir })
 }
 
 /// Reads the configuration stored in a checkpoint, after [`verify`].
@@ -204,20 +246,7 @@ pub fn load_expecting<B: Backend, C: ModelConfig>(
     expected: &C,
     device: &B::Device,
 ) -> Result<C::Model<B>, ModelError> {
-    verify(dir)?;
-    let found: C = read_config(dir)?;
-    let path = dir.join(CONFIG_FILE);
-    let to_value = |c: &C| serde_json::to_value(c).map_err(|e| ModelError::json(&path, e));
-    if let Some((field, want, got)) = first_difference(&to_value(expected)?, &to_value(&found)?, "")
-    {
-        return Err(ModelError::ConfigMismatch {
-            path: dir.to_path_buf(),
-            field,
-            expected: want,
-            found: got,
-        });
-    }
-    load_weights(dir, &found, device)
+    verify(dir)?.load_expecting(expected, device)
 }
 
 fn load_weights<B: Backend, C: ModelConfig>(

@@ -203,7 +203,8 @@ where
         examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
-        checkpoint::verify(dir)?;
+        // Hashed once: the model is loaded through `verified` below, not verified again.
+        let verified = checkpoint::verify(dir)?;
         refuse_unlisted_files(dir)?;
         let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
         if let Some(n) = state.examples.filter(|&n| n != examples.len()) {
@@ -218,8 +219,7 @@ where
         }
         state.config.check()?;
         state.objective.check()?;
-        let model =
-            checkpoint::load_expecting::<B, O::Config>(dir, state.objective.model(), device)?;
+        let model = verified.load_expecting::<B, O::Config>(state.objective.model(), device)?;
         let path = dir.join(OPTIMIZER_FILE);
         let bytes = fs::read(&path).map_err(|e| TrainError::checkpoint(&path, e))?;
         let record: AdamRecord<B, ModelOf<O, B>> = checkpoint::decode_record(bytes, device)
