@@ -9,15 +9,15 @@
 //! The steps (the run directory, the vocabulary learnt once and kept with the run, the
 //! objective with the vocabulary's special ids, `Trainer::open` resuming from a checkpoint,
 //! `Trainer::run`) are `xfmr::train::quickstart::train_translation_on_tsv`'s; the CLI's tests
-//! call it with the configuration below.
+//! call it with the same configuration (`quickstart::small_config`).
 
 use std::error::Error;
 use std::path::Path;
 
 use xfmr::burn::backend::{Autodiff, NdArray};
 use xfmr::models::TransformerConfig;
-use xfmr::train::quickstart::train_translation_on_tsv;
-use xfmr::train::{Event, Observer, RunDir, TrainConfig, TrainError};
+use xfmr::train::quickstart::{small_config, train_translation_on_tsv};
+use xfmr::train::{Event, Observer, RunDir, TrainError};
 
 type Backend = Autodiff<NdArray>;
 
@@ -44,14 +44,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         .ok_or("usage: train_custom FILE.tsv [RUN_DIR]")?;
     let run = RunDir::new(args.next().unwrap_or_else(|| "runs/custom".into()));
     // A tiny model, a 1,000-token vocabulary, 200 steps (a tenth of the file held out).
-    let config = TrainConfig::new()
-        .with_steps(200)
-        .with_max_tokens(1000)
-        .with_warmup(20)
-        .with_eval_every(10)
-        .with_checkpoint_every(10)
-        .with_keep_checkpoints(2)
-        .with_average(2);
+    let config = small_config(200);
     let summary = train_translation_on_tsv::<Backend>(
         Path::new(&tsv),
         &run,

@@ -140,15 +140,10 @@ pub(crate) fn vocab_logits_within<B: Backend>(
     logits.reshape([batch, seq, vocab])
 }
 
+/// A size that must be positive: the checker every layer shares
+/// ([`xfmr_attention::InvalidConfig::positive`]), as this crate's error.
 pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), ModelError> {
-    if value == 0 {
-        return Err(ModelError::InvalidConfig {
-            field,
-            value: "0".into(),
-            expected: "a positive size",
-        });
-    }
-    Ok(())
+    Ok(xfmr_attention::InvalidConfig::positive(field, value)?)
 }
 
 pub(crate) fn check_pad_id(pad_id: u32, vocab: usize) -> Result<(), ModelError> {

@@ -14,6 +14,20 @@ use crate::spec::Task;
 use crate::trainer::{Observer, RunSummary, TrainConfig, TrainError, Trainer};
 use crate::translate::encode_pairs;
 
+/// A training configuration for a small file and `steps` steps: 1,000-token batches, warm-up
+/// 20, validation and a checkpoint every 10 steps, the last 2 kept and averaged
+/// (`examples/train_custom.rs`'s run).
+pub fn small_config(steps: usize) -> TrainConfig {
+    TrainConfig::new()
+        .with_steps(steps)
+        .with_max_tokens(1000)
+        .with_warmup(20)
+        .with_eval_every(10)
+        .with_checkpoint_every(10)
+        .with_keep_checkpoints(2)
+        .with_average(2)
+}
+
 /// Trains a translation model on the pairs of `tsv` (`source<TAB>target` per line; the first
 /// tenth, at least one pair, held out for validation) in run directory `run`, telling
 /// `observer` what happens. The vocabulary (at most `vocab_size` tokens) is learnt on the

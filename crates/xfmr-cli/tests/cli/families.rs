@@ -88,14 +88,7 @@ fn train_custom(
     run: &std::path::Path,
     steps: usize,
 ) -> Result<xfmr_train::RunSummary, xfmr_train::TrainError> {
-    let config = xfmr_train::TrainConfig::new()
-        .with_steps(steps)
-        .with_max_tokens(1000)
-        .with_warmup(20)
-        .with_eval_every(10)
-        .with_checkpoint_every(10)
-        .with_keep_checkpoints(2)
-        .with_average(2);
+    let config = xfmr_train::quickstart::small_config(steps);
     xfmr_train::quickstart::train_translation_on_tsv::<
         xfmr::burn::backend::Autodiff<xfmr::burn::backend::NdArray>,
     >(

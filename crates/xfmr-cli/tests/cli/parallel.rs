@@ -399,7 +399,8 @@ fn killed_replica_stops_its_peer_and_the_run_resumes() {
 
 /// The step of the newest complete checkpoint of `run`.
 fn latest_checkpoint_step(run: &std::path::Path) -> usize {
-    xfmr_train::trainer::checkpoints(run)
+    xfmr_train::RunDir::new(run)
+        .checkpoints()
         .unwrap()
         .last()
         .map(|c| c.0)

@@ -47,6 +47,7 @@ use xfmr_models::checkpoint::{self, ModelConfig};
 use crate::data::shuffled;
 use crate::distributed::{param_order, DataParallel};
 use crate::objective::{ModelOf, Objective, Translation};
+use crate::run_dir::RunDir;
 use crate::schedule::noam_schedule;
 
 mod batch;
@@ -64,10 +65,7 @@ pub use error::TrainError;
 pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
 use optim::{adam, step_seed};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
-pub use store::{
-    average_checkpoints, checkpoints, latest_checkpoint, load_model, parameter_fingerprint,
-    save_model,
-};
+pub use store::{average_checkpoints, load_model, parameter_fingerprint, save_model};
 use store::{read_json, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
 
 /// Where a run stands: optimiser steps taken and the next micro-batch to read.
@@ -242,7 +240,7 @@ where
         examples: Vec<O::Example>,
         device: &B::Device,
     ) -> Result<Self, TrainError> {
-        match latest_checkpoint(run_dir)? {
+        match RunDir::new(run_dir).latest_checkpoint()? {
             Some(dir) => {
                 let mut trainer = Self::resume(&dir, examples, device)?;
                 trainer.config = trainer.config.clone().with_run_options_of(&config);

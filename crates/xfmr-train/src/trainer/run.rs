@@ -10,8 +10,8 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::{
-    average_checkpoints, checkpoints, evaluate_loss, parameter_fingerprint, save_model, EvalLoss,
-    Progress, StepReport, TrainError, Trainer,
+    average_checkpoints, evaluate_loss, parameter_fingerprint, save_model, EvalLoss, Progress,
+    StepReport, TrainError, Trainer,
 };
 use crate::distributed::DataParallel;
 use crate::objective::{ModelOf, Objective};
@@ -276,7 +276,8 @@ where
         }
         let (mut final_model, mut averaged) = (None, 0);
         if leader {
-            let dirs: Vec<PathBuf> = checkpoints(run_dir)?
+            let dirs: Vec<PathBuf> = RunDir::new(run_dir)
+                .checkpoints()?
                 .into_iter()
                 .rev()
                 .take(self.config.average)

@@ -22,22 +22,6 @@ use crate::run_dir::RunDir;
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.mpk";
 pub(crate) const TRAINER_FILE: &str = "trainer.json";
 
-/// The complete checkpoints of a run, oldest first, as (step, directory): [`RunDir::checkpoints`].
-///
-/// # Errors
-/// [`TrainError::Checkpoint`] if the directory exists but cannot be listed.
-pub fn checkpoints(run_dir: &Path) -> Result<Vec<(usize, PathBuf)>, TrainError> {
-    RunDir::new(run_dir).checkpoints()
-}
-
-/// The newest complete checkpoint of a run, if any: [`RunDir::latest_checkpoint`].
-///
-/// # Errors
-/// As [`checkpoints`].
-pub fn latest_checkpoint(run_dir: &Path) -> Result<Option<PathBuf>, TrainError> {
-    RunDir::new(run_dir).latest_checkpoint()
-}
-
 /// Loads a checkpoint's model of configuration type `C` (for inference or evaluation):
 /// [`checkpoint::load`], which checks the manifest first.
 ///
@@ -212,7 +196,8 @@ where
                 Ok(xfmr_io::write_atomic(&partial.join(TRAINER_FILE), &json)?)
             },
         )?;
-        for old in checkpoints(run_dir)?
+        for old in RunDir::new(run_dir)
+            .checkpoints()?
             .iter()
             .rev()
             .skip(self.config.keep_checkpoints)

@@ -409,7 +409,8 @@ fn objective_lm_run_stops_at_its_time_budget() {
     let summary = trainer.run(dir.path(), &[], &mut Silent).unwrap();
     assert_eq!(summary.stop, xfmr_train::trainer::Stop::Minutes);
     assert!((1..1000).contains(&summary.step), "{summary:?}");
-    let last = xfmr_train::trainer::latest_checkpoint(dir.path())
+    let last = xfmr_train::RunDir::new(dir.path())
+        .latest_checkpoint()
         .unwrap()
         .unwrap();
     assert!(last.ends_with(format!("step-{:08}", summary.step)));

@@ -9,10 +9,8 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use xfmr_models::TransformerConfig;
 use xfmr_train::data::SplitMix64;
-use xfmr_train::trainer::{
-    average_checkpoints, checkpoints, evaluate_loss, latest_checkpoint, load_model,
-};
-use xfmr_train::{Decay, Example, TrainConfig, TrainError, Trainer, Translation};
+use xfmr_train::trainer::{average_checkpoints, evaluate_loss, load_model};
+use xfmr_train::{Decay, Example, RunDir, TrainConfig, TrainError, Trainer, Translation};
 
 type Train = Autodiff<NdArray<f32>>;
 type Infer = NdArray<f32>;
@@ -112,7 +110,10 @@ fn objective_translation_resume_continues_exactly_as_an_uninterrupted_run() {
     assert_eq!(bits(&head), bits(&expected[..3]));
     let saved = first.save_checkpoint(dir.path()).unwrap();
     drop(first);
-    assert_eq!(latest_checkpoint(dir.path()).unwrap(), Some(saved.clone()));
+    assert_eq!(
+        RunDir::new(dir.path()).latest_checkpoint().unwrap(),
+        Some(saved.clone())
+    );
 
     let mut resumed = Trainer::<Train>::resume(&saved, data.clone(), &device).unwrap();
     assert_eq!(resumed.progress().step, 3);
@@ -411,14 +412,16 @@ fn old_checkpoints_are_pruned_and_partial_ones_ignored() {
         trainer.step().unwrap();
         trainer.save_checkpoint(dir.path()).unwrap();
     }
-    let steps: Vec<usize> = checkpoints(dir.path())
+    let steps: Vec<usize> = RunDir::new(dir.path())
+        .checkpoints()
         .unwrap()
         .iter()
         .map(|c| c.0)
         .collect();
     assert_eq!(steps, [3, 4, 5]);
     fs::create_dir_all(dir.path().join("checkpoints/step-00000009.partial")).unwrap();
-    assert!(latest_checkpoint(dir.path())
+    assert!(RunDir::new(dir.path())
+        .latest_checkpoint()
         .unwrap()
         .unwrap()
         .ends_with("step-00000005"));
