@@ -15,6 +15,9 @@ run on one machine, printed as one ratio table (throughput, higher is better; xf
   batching and the seeded shuffle ported from `xfmr_train::data`). Median step time and tokens/s
   (source + target tokens) over the steps after `--skip`. PyTorch: `nn.Transformer` with the same
   embeddings, positions and loss, `torch.optim.Adam(β = (0.9, 0.98), ε = 1e-9)`.
+- W3S: the same step at a GPU's size: `xfmr train --preset small` (d_model 256, 4 heads, d_ff
+  1024, 3 + 3 layers, dropout 0.1, its 4,000-token vocabulary) with 16,000-token batches,
+  against the same model in PyTorch on the same batches in the same order (issue 41).
 - W4: batch-1 greedy decoding of exactly 128 tokens with the `base` encoder-decoder (random
   weights, 37,000-token vocabulary) from a 24-token source. PyTorch: Hugging Face
   transformers' `MarianMTModel` at the same widths (sinusoidal positions, post-norm, ReLU,
@@ -34,7 +37,7 @@ The GPU side, on a machine with an NVIDIA GPU: `--device cuda` runs PyTorch on C
 timed run ends with `torch.cuda.synchronize()`) and xfmr on `--backends wgpu cuda` (default
 there), built with the `wgpu` and `cuda` features; W1-W3 and W6 (W4 and W5 stay CPU workloads).
 
-    python3 benches/compare_pytorch.py --device cuda --workloads w1 w2 w3 w6
+    python3 benches/compare_pytorch.py --device cuda --workloads w1 w2 w3 w3s w6
 
 W1-W4 run in `--rounds` rounds that alternate xfmr (each backend) and PyTorch; each reported row
 is its median round. This shared 2-core machine varies by up to 1.5x over minutes, and a single
@@ -52,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,11 +65,17 @@ EXAMPLE = os.path.join(TARGET, "release/examples/workloads")
 XFMR = os.path.join(TARGET, "release/xfmr")
 
 
-def run_measured(cmd, env=None):
-    """Runs `cmd`; returns (exit code, stdout, stderr, peak RSS in MiB of that process alone)."""
+def run_measured(cmd, env=None, timeout=None):
+    """Runs `cmd`; returns (exit code, stdout, stderr, peak RSS in MiB of that process alone).
+    After `timeout` seconds the process is killed (exit code -9)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=ROOT)
+        timer = threading.Timer(timeout, proc.kill) if timeout else None
+        if timer:
+            timer.start()
         _, status, usage = os.wait4(proc.pid, 0)
+        if timer:
+            timer.cancel()
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
@@ -231,13 +241,19 @@ def token_batches(lengths, max_tokens):
     return batches
 
 
-def worker_w3(torch, iters, tokenizer_json, skip, max_tokens=2000, max_len=100, seed=42):
+# W3's and W3S's models: (d_model, heads, d_ff, layers a side, tokens a batch); `xfmr train`'s
+# presets `cpu` and `small`.
+W3_SHAPES = {"w3": (128, 4, 512, 3, 2000), "w3s": (256, 4, 1024, 3, 16000)}
+
+
+def worker_w3(torch, iters, tokenizer_json, skip, shape=W3_SHAPES["w3"], max_len=100, seed=42):
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
         print(f"tokenizers not importable ({e})", file=sys.stderr)
         sys.exit(3)
     nn = torch.nn
+    d_model, heads, d_ff, layers, max_tokens = shape
     tok = Tokenizer.from_file(tokenizer_json)
     pad, bos, eos = 0, 1, 2
     pairs = []
@@ -251,13 +267,14 @@ def worker_w3(torch, iters, tokenizer_json, skip, max_tokens=2000, max_len=100, 
                 pairs.append((s, t))
     batches = token_batches([(len(s) + 1, len(t) + 1) for s, t in pairs], max_tokens)
     order = shuffled(len(batches), seed, 0)
-    vocab, d_model = tok.get_vocab_size(), 128
+    vocab = tok.get_vocab_size()
 
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
             self.embed = nn.Embedding(vocab, d_model)
-            self.core = nn.Transformer(d_model, 4, 3, 3, 512, dropout=0.1, batch_first=True)
+            self.core = nn.Transformer(d_model, heads, layers, layers, d_ff, dropout=0.1,
+                                       batch_first=True)
             self.drop = nn.Dropout(0.1)
             position = torch.arange(1024).unsqueeze(1)
             div = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
@@ -317,8 +334,9 @@ def worker(args):
         sys.exit(3)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.worker == "w3":
-        secs, units, unit = worker_w3(torch, args.iters, args.tokenizer, args.skip)
+    if args.worker in W3_SHAPES:
+        secs, units, unit = worker_w3(torch, args.iters, args.tokenizer, args.skip,
+                                      W3_SHAPES[args.worker])
     else:
         secs, units, unit = {"w1": worker_w1, "w2": worker_w2, "w4": worker_w4}[args.worker](
             torch, args.iters)
@@ -338,29 +356,49 @@ def xfmr_example(workload, backend, iters, threads):
     return result
 
 
-def xfmr_w3(backend, iters, skip, threads, out):
+def xfmr_w3(backend, iters, skip, threads, out, workload="w3", timeout=None):
+    """`xfmr train` for `skip + iters` steps; the median step time after `skip`. A run that
+    `timeout` cuts short (a GPU backend compiling kernels for each new shape) is reported from
+    the steps it logged, marked `partial`; `first_step_s` is the time to the end of step 1
+    (kernel compilation and autotuning included on a GPU)."""
     steps = skip + iters
-    run = os.path.join(out, f"w3-{backend}")
+    run = os.path.join(out, f"{workload}-{backend}")
+    # W3S: the `small` preset (its own vocabulary size and dropout 0.1) at 16,000 tokens a batch.
+    size = []
+    if workload == "w3s":
+        size = ["--preset", "small", "--max-tokens", str(W3_SHAPES["w3s"][4])]
     # A fresh run every round: `xfmr train` resumes a run directory that is already there, and
     # would only read back the previous round's metrics.
     shutil.rmtree(run, ignore_errors=True)
     # On a CPU backend one replica per thread, the step's batch split between them (the
     # default of `xfmr train` is one per core); on a GPU one.
     replicas = threads if backend in ("ndarray", "flex") else 1
-    _, _, rss = checked(
-        # `--dropout 0.1` as the PyTorch side (the `cpu` preset's own default is 0 since
-        # 2026-11-27): W3 stays the step it was.
-        [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps),
-         "--dropout", "0.1", "--checkpoint-every", str(steps), "--eval-every", "1000000",
-         "--average", "1",
-         "--test-sentences", "0", "--devices", str(replicas)], xfmr_env(threads))
-    with open(os.path.join(run, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if '"train"' in line]
-    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])][skip - 1:]
-    tokens = [r["tokens"] for r in rows][skip:]
+    # `--dropout 0.1` as the PyTorch side (the `cpu` preset's own default is 0 since
+    # 2026-11-27): W3 stays the step it was.
+    cmd = [XFMR, "train", "--backend", backend, "--out", run, "--steps", str(steps), *size,
+           "--dropout", "0.1", "--checkpoint-every", str(steps), "--eval-every", "1000000",
+           "--average", "1", "--test-sentences", "0", "--devices", str(replicas)]
+    code, _, stderr, rss = run_measured(cmd, xfmr_env(threads), timeout)
+    rows = []
+    metrics = os.path.join(run, "metrics.jsonl")
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f if '"train"' in line]
+    partial = code != 0
+    if partial and len(rows) < 3:
+        raise CommandFailed(f"{' '.join(cmd)} failed ({code}) after {len(rows)} steps:\n"
+                            f"{stderr[-4000:]}")
+    if partial:
+        print(f"{workload} {backend}: cut off after {len(rows)} of {steps} steps; the steps "
+              f"after the first count", file=sys.stderr)
+    first = min(skip, len(rows) - 2) if partial else skip
+    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])][first - 1:]
+    tokens = [r["tokens"] for r in rows][first:]
     secs = statistics.median(times)
-    return {"workload": "W3", "impl": "xfmr", "backend": backend, "median_ms": secs * 1e3,
+    return {"workload": workload.upper(), "impl": "xfmr", "backend": backend,
+            "median_ms": secs * 1e3,
             "per_s": statistics.mean(tokens) / secs, "unit": "tokens", "rss_mib": rss,
+            "steps": len(rows), "partial": partial, "first_step_s": rows[0]["elapsed_s"],
             "tokenizer": os.path.join(run, "tokenizer.json")}
 
 
@@ -417,18 +455,27 @@ def print_table(rows):
             rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "–"
             print(f"| {workload} | {r['impl']} | {r['backend']} | {ms} "
                   f"| {r['per_s']:.1f} {r['unit']}/s | {ratio} | {rss} |")
+    for r in rows:
+        if "first_step_s" in r:
+            cut = ", cut off by --xfmr-timeout" if r["partial"] else ""
+            print(f"{r['workload']} xfmr {r['backend']}: step 1 ended after "
+                  f"{r['first_step_s']:.1f} s; {r['steps']} steps logged{cut}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workloads", nargs="+",
-                   help="default: w1-w6; with --device cuda: w1 w2 w3 w6")
+                   help="default: w1-w6; with --device cuda: w1 w2 w3 w6 (w3s: W3 at the `small` "
+                        "preset's size, 16,000-token batches)")
     p.add_argument("--backends", nargs="+",
                    help="xfmr's backends (default: ndarray flex; with --device cuda: wgpu cuda)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="PyTorch's device (cuda: the GPU side, see the docstring)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip", type=int, default=5, help="W3: warm-up steps left out")
+    p.add_argument("--xfmr-timeout", type=float,
+                   help="W3/W3S: seconds after which xfmr's run is cut off and reported from "
+                        "the steps it logged (a GPU backend compiling kernels)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3,
                    help="W1-W4: alternating rounds of every implementation; the median counts")
@@ -465,7 +512,7 @@ def main():
     with tempfile.TemporaryDirectory() as out:
         for w in args.workloads:
             print(f"{w} ...", file=sys.stderr, flush=True)
-            if w in ("w1", "w2", "w3", "w4"):
+            if w in ("w1", "w2", "w3", "w3s", "w4"):
                 # Rounds alternate the implementations, so that a slow spell of this shared
                 # machine hits every side alike; each row is the round with the median time.
                 rounds = []
@@ -474,9 +521,9 @@ def main():
                     this = []
                     for backend in list(backends):
                         try:
-                            if w == "w3":
+                            if w in W3_SHAPES:
                                 this.append(xfmr_w3(backend, args.iters, args.skip,
-                                                    args.threads, out))
+                                                    args.threads, out, w, args.xfmr_timeout))
                             else:
                                 this.append(xfmr_example(w, backend, args.iters,
                                                          args.threads))
@@ -491,7 +538,7 @@ def main():
                     if not this:
                         break
                     # W3: the same BPE vocabulary as xfmr's runs (they learn the same one).
-                    extra = ("--tokenizer", this[-1]["tokenizer"]) if w == "w3" else ()
+                    extra = ("--tokenizer", this[-1]["tokenizer"]) if w in W3_SHAPES else ()
                     peer = torch_worker(w, args, *extra)
                     if peer:
                         this.append(peer)
