@@ -22,7 +22,8 @@
 #     100) and reported from the steps it logged, with the time its first step took (kernel
 #     compilation and autotuning included).
 # `train`: the full corpus's translation run (docs/training.md's GPU recipe; the embedded set
-#   is the whole corpus) on CUDA for MINUTES (default 4), then scored on the 500 test sentences.
+#   is the whole corpus) on CUDA for MINUTES (default 4), then scored on the 500 test sentences;
+#   then PyTorch trains the same model on the same batches for as long (benches/torch_translate.py).
 #
 # burn's GPU backends compile their kernels at run time and autotune them. `cubecl.toml`
 # (written here, removed on exit) logs each compilation and keeps the compiled kernels and the
@@ -119,7 +120,15 @@ else
   echo "train (cuda) exited $? after $(( $(date +%s) - start )) s"
   compiled
   tail -40 "$OUT/train-cuda.log"
-  for f in metrics.jsonl results.json loss-curve.png; do cp "/tmp/long-cuda/$f" "$OUT/cuda-$f" 2>/dev/null; done
+  for f in metrics.jsonl results.json; do cp "/tmp/long-cuda/$f" "$OUT/cuda-$f" 2>/dev/null; done
+  # PyTorch training the same model on the same batches in the same order for as long, with
+  # its greedy test BLEU every 500 steps (time to quality; compare with xfmr's greedy BLEU).
+  echo "== PyTorch on the same run, $minutes minutes"
+  timeout "$limit" python3 benches/torch_translate.py --run /tmp/long-cuda \
+    --data crates/xfmr-cli/data/es-en --device cuda --minutes "$minutes" --bleu-every 500 \
+    > "$OUT/torch-train.log" 2>&1
+  echo "torch_translate.py exited $?"
+  grep -E 'test_bleu|final' "$OUT/torch-train.log"
 fi
 cp /tmp/cubecl-compile.log "$OUT/cubecl-compile-$phase.log" 2>/dev/null
 cp /tmp/cubecl-autotune.log "$OUT/cubecl-autotune-$phase.log" 2>/dev/null
