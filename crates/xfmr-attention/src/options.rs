@@ -11,7 +11,9 @@ use crate::AttnMask;
 #[derive(burn::config::Config, Debug, Copy, PartialEq, Eq)]
 pub enum AttentionKernel {
     /// [`Flex`](Self::Flex) where it runs (the `flex` backend, f32, and `Autodiff<Flex>` without
-    /// a bias); elsewhere
+    /// a bias); under autodiff on a GPU backend (`Autodiff<Wgpu>`, `Autodiff<Cuda>`, f32, no
+    /// bias; feature `wgpu` or `cuda`) one operation of the graph with its own backward
+    /// (`xfmr_kernels::gpu_attention_autodiff`); elsewhere
     /// [`Decomposed`](Self::Decomposed) while one head's score matrix has at most
     /// [`AttentionKernel::AUTO_FUSED_ABOVE`] elements, [`Fused`](Self::Fused) above, where not
     /// materialising the scores matters more than speed at small sizes.

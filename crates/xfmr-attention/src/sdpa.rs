@@ -29,6 +29,15 @@
 //! graph with a backward kernel of its own (`xfmr_kernels::attention_autodiff`: FlashAttention-2's
 //! backward from each row's saved log-sum-exp), where no additive bias is given.
 //!
+//! Under burn's autodiff on a GPU backend (`Autodiff<Wgpu>`, `Autodiff<Cuda>` and their unfused
+//! `CubeBackend`s, f32; this crate's `wgpu` or `cuda` feature), where burn's fused attention
+//! falls back to the decomposed operations, [`AttentionKernel::Auto`] runs attention as one
+//! operation of the graph with the same FlashAttention-2 backward
+//! (`xfmr_kernels::gpu_attention_autodiff`, written with the inner backend's tensor
+//! operations): it saves the output and each row's log-sum-exp, no `[seq_q, seq_k]`
+//! intermediate, and recomputes the weights in the backward pass. Again only without an
+//! additive bias.
+//!
 //! [`scaled_dot_product_attention`] uses the reference path when it must and otherwise the
 //! [`AttentionKernel`] chosen in the options ([`AttentionKernel::Auto`] by default). All paths give
 //! a **zero row** for a query whose keys are all ignored (never NaN and never a uniform average).
@@ -122,6 +131,25 @@ pub fn scaled_dot_product_attention<B: Backend>(
         let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
         let mask = options.mask.map(AttnMask::into_tensor);
         let context = xfmr_kernels::attention_autodiff(query, key, value, mask, scale);
+        return Ok(AttentionOutput {
+            context,
+            weights: None,
+        });
+    }
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    if matches!(
+        options.kernel,
+        AttentionKernel::Auto | AttentionKernel::Flex
+    ) && options.bias.is_none()
+        && xfmr_kernels::runs_on_gpu_autodiff::<B>(query.dtype())
+        && scores.iter().product::<usize>() * query.dims()[3] * value.dims()[3] > 0
+    {
+        // Training on a GPU backend: attention as one operation of the autodiff graph with its
+        // own backward (no dropout on the weights: that took the reference path above; no zero
+        // sizes, which burn's generic path handles).
+        let scale = scale_or_default(options.scale, query.dims()[3]) as f32;
+        let mask = options.mask.map(AttnMask::into_tensor);
+        let context = xfmr_kernels::gpu_attention_autodiff(query, key, value, mask, scale);
         return Ok(AttentionOutput {
             context,
             weights: None,
@@ -273,11 +301,12 @@ fn reference_unchecked<B: Backend>(
     if let Some(mask) = options.mask {
         scores = scores.mask_fill(mask.into_tensor().expand(shape), f32::NEG_INFINITY);
     }
-    // Rows with no finite score: softmax would give NaN; they get zeros instead.
+    // Rows with no finite score: softmax would give NaN; they get zeros instead. Their maximum
+    // is -∞, or f32::MIN on the GPU backends (cubecl's maximum reduction starts from f32::MIN).
     let empty = scores
         .clone()
         .max_dim(3)
-        .equal_elem(f32::NEG_INFINITY)
+        .lower_equal_elem(f32::MIN)
         .expand(shape);
     let weights = softmax(scores.mask_fill(empty.clone(), 0.0), 3).mask_fill(empty, 0.0);
     let weights = DropoutConfig::new(options.dropout).init().forward(weights);

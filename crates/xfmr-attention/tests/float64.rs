@@ -98,13 +98,34 @@ fn gradients_match_finite_differences() {
 #[cfg(feature = "flex")]
 #[test]
 fn flex_autodiff_kernel_gradients_match_finite_differences() {
-    use burn::backend::Flex;
-    use burn::tensor::{Bool, TensorData};
-    type Ad = Autodiff<Flex>;
-    type F64 = NdArray<f64>;
+    type Ad = Autodiff<burn::backend::Flex>;
     assert!(xfmr_kernels::runs_on_autodiff::<Ad>(
         burn::tensor::DType::F32
     ));
+    kernel_gradients_match_finite_differences::<Ad>("flex kernel");
+}
+
+/// The same for attention as one operation of `Autodiff<Wgpu>`'s graph with its own backward
+/// (`xfmr_kernels::gpu_attention_autodiff`, on lavapipe in CI), same inputs and tolerance
+/// (1e-5 absolute + 1e-4 relative).
+#[cfg(feature = "wgpu")]
+#[test]
+fn gpu_attention_autodiff_gradients_match_finite_differences() {
+    type Ad = Autodiff<burn::backend::Wgpu>;
+    assert!(xfmr_kernels::runs_on_gpu_autodiff::<Ad>(
+        burn::tensor::DType::F32
+    ));
+    kernel_gradients_match_finite_differences::<Ad>("GPU autodiff attention");
+}
+
+/// The gradients of `scaled_dot_product_attention` (`Auto`) under `Ad` (f32) against central
+/// finite differences of the reference path in f64 (see the tests above).
+#[cfg(any(feature = "flex", feature = "wgpu"))]
+fn kernel_gradients_match_finite_differences<Ad: burn::tensor::backend::AutodiffBackend>(
+    path: &str,
+) {
+    use burn::tensor::{Bool, TensorData};
+    type F64 = NdArray<f64>;
     let (batch, heads, heads_kv, seq_q, seq_k, d) = (2, 4, 2, 3, 5, 4);
     let shapes = [
         [batch, seq_q, heads, d],
@@ -181,7 +202,7 @@ fn flex_autodiff_kernel_gradients_match_finite_differences() {
             let tol = 1e-5 + 1e-4 * numeric.abs();
             assert!(
                 (grad[i] - numeric).abs() <= tol,
-                "d loss / d {}[{i}]: flex kernel {} vs finite difference {numeric}",
+                "d loss / d {}[{i}]: {path} {} vs finite difference {numeric}",
                 ["Q", "K", "V"][which],
                 grad[i]
             );

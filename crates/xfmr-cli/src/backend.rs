@@ -1,10 +1,15 @@
 //! The backend every command runs on: one `--backend` option with one default, `auto`, resolved
 //! by one function ([`BackendKind::resolve`]), and the macro that runs a command's body on the
-//! chosen backend's type.
+//! chosen backend's type. Resolving first points cubecl's caches (autotune results, CUDA's
+//! compiled kernels) at the user's cache directory ([`kernel_cache`]), before any GPU backend
+//! is probed.
+
+use std::sync::OnceLock;
 
 use clap::ValueEnum;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use xfmr::burn::tensor::backend::Backend;
+use xfmr_train::kernel_cache::{kernel_cache_dir, use_kernel_cache, KernelCache};
 
 /// A burn backend compiled into this binary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -43,7 +48,9 @@ impl BackendArg {
 
 impl BackendKind {
     /// The backend `self` names: `auto` resolved on this machine (see [`BackendKind::Auto`]).
+    /// Sets cubecl's caches first ([`kernel_cache`]).
     pub fn resolve(self) -> Self {
+        kernel_cache();
         if self != Self::Auto {
             return self;
         }
@@ -81,6 +88,15 @@ impl BackendKind {
             Self::Cuda => "cuda",
         }
     }
+}
+
+/// cubecl's caches in `$XFMR_CACHE_DIR/cubecl` (else `$XDG_CACHE_HOME/xfmr/cubecl`, else
+/// `~/.cache/xfmr/cubecl`) unless a `cubecl.toml` of the user's decides
+/// ([`xfmr_train::kernel_cache`]); done once, on the first call, which must come before any
+/// GPU backend runs: every command resolves its backend first.
+pub fn kernel_cache() -> &'static KernelCache {
+    static DONE: OnceLock<KernelCache> = OnceLock::new();
+    DONE.get_or_init(|| use_kernel_cache(&kernel_cache_dir()))
 }
 
 /// `probe()`, or `None` when it panics (a missing driver library), without the panic message.

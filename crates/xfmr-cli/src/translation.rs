@@ -9,7 +9,7 @@ use anyhow::{Context, Result};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer};
 use xfmr_train::translate::{translate_best, translation_attention, LengthBucket};
-use xfmr_train::SubwordTokenizer;
+use xfmr_train::{SourceBatches, SubwordTokenizer};
 
 use crate::plot;
 
@@ -61,19 +61,21 @@ pub(crate) fn options(strategy: Strategy, tokenizer: &SubwordTokenizer) -> Gener
     .with_strategy(strategy)
 }
 
-/// The best translation of each source.
+/// The best translation of each source, in source batches as `batches` says
+/// (`TRANSLATION_BATCH.into()`: 32 sentences, each batch padded to its longest source).
 pub(crate) fn translate_texts<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
     sources: &[&str],
     strategy: Strategy,
+    batches: SourceBatches,
 ) -> Result<Vec<String>> {
     Ok(translate_best(
         model,
         tokenizer,
         sources,
         &options(strategy, tokenizer),
-        TRANSLATION_BATCH,
+        batches,
     )?)
 }
 

@@ -30,8 +30,7 @@ fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> FetchError {
     FetchError::Io(IoError::new(path, err))
 }
 
-/// Environment variable overriding the cache directory.
-pub const CACHE_DIR_ENV: &str = "XFMR_CACHE_DIR";
+pub use crate::{default_cache_dir, CACHE_DIR_ENV};
 
 /// A model published inside a PyPI wheel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,19 +51,6 @@ impl WheelModel {
         let dir = cache_dir.join(self.name);
         dir.join(self.marker).is_file().then_some(dir)
     }
-}
-
-/// `$XFMR_CACHE_DIR`, else `$XDG_CACHE_HOME/xfmr`, else `~/.cache/xfmr`.
-pub fn default_cache_dir() -> PathBuf {
-    let from = |var: &str| {
-        std::env::var_os(var)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    from(CACHE_DIR_ENV)
-        .or_else(|| from("XDG_CACHE_HOME").map(|d| d.join("xfmr")))
-        .or_else(|| from("HOME").map(|d| d.join(".cache").join("xfmr")))
-        .unwrap_or_else(|| PathBuf::from(".xfmr-cache"))
 }
 
 /// Makes sure `model` is in `cache_dir` and returns its directory: downloads the wheel with

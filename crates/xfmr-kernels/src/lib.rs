@@ -27,6 +27,13 @@
 //! `runs_on_autodiff::<B>(dtype)` (`Autodiff<Flex>`, f32). Callers take burn's generic path
 //! where they do not hold; the kernels assert them again in debug builds.
 //!
+//! **Attention under autodiff on the GPU backends** (features `wgpu` and `cuda`, which turn on
+//! burn with that backend and `autodiff`; `src/gpu/`): `gpu_attention_autodiff`, one operation
+//! of `Autodiff<I>`'s graph over a GPU backend `I` with FlashAttention-2's backward from each
+//! row's saved log-sum-exp, written with `I`'s own tensor operations (no `unsafe`), and its
+//! check `runs_on_gpu_autodiff::<B>(dtype)` (`Autodiff<Wgpu>`, `Autodiff<Cuda>` and their
+//! unfused `CubeBackend`s, f32).
+//!
 //! # Safety
 //!
 //! `unsafe` is denied crate-wide and allowed per item. Every `unsafe` site (file, function,
@@ -41,6 +48,8 @@ mod dropout;
 mod exp;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod gpu;
 pub mod quant;
 mod silu;
 
@@ -49,4 +58,6 @@ pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
 pub use flex::{attention, attention_autodiff, gelu, runs_on, runs_on_autodiff};
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use gpu::{gpu_attention_autodiff, runs_on_gpu_autodiff};
 pub use silu::silu_mul;

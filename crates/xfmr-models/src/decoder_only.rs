@@ -12,10 +12,12 @@ use xfmr_blocks::{
     TokenEmbeddingConfig,
 };
 
+use crate::device::{check_fits, Extent};
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
 use crate::{
-    check_ids, check_pad_id, check_positive, pad_rows, rows_within, vocab_logits,
-    vocab_logits_within, ModelError, PadSide, LOGITS_CHUNK_BYTES,
+    check_ids, check_pad_id, check_positive, pad_rows, project_rows, rows_within, table_extents,
+    vocab_logits, vocab_logits_within, ModelError, PadSide, DEVICE_BUFFER_BYTES,
+    LOGITS_CHUNK_BYTES,
 };
 
 /// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
@@ -122,7 +124,7 @@ impl<B: Backend> DecoderOnly<B> {
         self.embedding.weight.dims()[0]
     }
 
-    fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn project(&self, h: Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError> {
         vocab_logits(self.output.as_ref(), &self.embedding, h)
     }
 
@@ -132,8 +134,11 @@ impl<B: Backend> DecoderOnly<B> {
     /// logits each, but the result is one tensor of `batch · seq · vocab` floats, which must
     /// fit in one device buffer: on wgpu at most the adapter's largest storage-buffer binding
     /// (128 MiB on lavapipe and other adapters at WebGPU's default, about 2 GiB on most
-    /// discrete GPUs), beyond which burn panics ("Can't execute the autotune plan"). 803
-    /// positions of a 49,152-token vocabulary (158 MB) are past 128 MiB: for long inputs use
+    /// discrete GPUs), on CUDA a quarter of the device memory. burn does not fail when it
+    /// cannot allocate such a tensor (it leaves stale memory in it), so when the result exceeds
+    /// [`DEVICE_BUFFER_BYTES`] this synchronises the device and returns
+    /// [`ModelError::TooLargeForDevice`] if the device could not hold it. 803 positions of a
+    /// 49,152-token vocabulary (158 MB) are past lavapipe's 128 MiB: for long inputs use
     /// [`forward_chunks`](Self::forward_chunks), [`last_logits`](Self::last_logits) or
     /// [`token_log_probs`](Self::token_log_probs), whose tensors each stay within a chunk.
     ///
@@ -142,9 +147,11 @@ impl<B: Backend> DecoderOnly<B> {
     /// - output: `[batch, seq, vocab]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) naming the logits' shape and size
+    /// when the device cannot hold them (or the vocabulary table).
     pub fn forward(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
-        Ok(self.project(self.hidden(ids)?))
+        self.project(self.hidden_unchecked(ids)?)
     }
 
     /// The vocabulary projection of hidden states (as [`forward`](Self::forward) applies it
@@ -155,7 +162,14 @@ impl<B: Backend> DecoderOnly<B> {
     /// # Shapes
     /// - `hidden`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, vocab]`
-    pub fn vocab_logits(&self, hidden: Tensor<B, 3>, max_product_bytes: usize) -> Tensor<B, 3> {
+    ///
+    /// # Errors
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice), as [`forward`](Self::forward).
+    pub fn vocab_logits(
+        &self,
+        hidden: Tensor<B, 3>,
+        max_product_bytes: usize,
+    ) -> Result<Tensor<B, 3>, ModelError> {
         vocab_logits_within(
             self.output.as_ref(),
             &self.embedding,
@@ -165,28 +179,46 @@ impl<B: Backend> DecoderOnly<B> {
     }
 
     /// Next-token logits at every position, as consecutive chunks of positions whose logits
-    /// take at most `max_chunk_bytes` each ([`LOGITS_CHUNK_BYTES`] is a safe choice on every
-    /// backend), at least one position per chunk. The stack runs once, here; each chunk is
-    /// projected when the iterator reaches it, so the whole `[batch, seq, vocab]` never
-    /// exists at once unless the caller keeps every chunk: the way to read every position's
-    /// logits of an input too long for [`forward`](Self::forward) on wgpu.
+    /// take at most `max_chunk_bytes` each and never more than [`DEVICE_BUFFER_BYTES`]
+    /// ([`LOGITS_CHUNK_BYTES`] is a safe choice on every backend), at least one position per
+    /// chunk. The stack runs once, here; each chunk is projected when the iterator reaches it,
+    /// so the whole `[batch, seq, vocab]` never exists at once unless the caller keeps every
+    /// chunk: the way to read every position's logits of an input too long for
+    /// [`forward`](Self::forward) on wgpu.
     ///
     /// # Shapes
     /// - `ids`: `[batch, seq]` (right-padded)
     /// - each item: `[batch, rows, vocab]`, positions in order; the rows add up to `seq`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when one position's logits over the
+    /// batch, `[batch, 1, vocab]`, exceed [`DEVICE_BUFFER_BYTES`] (on every backend: split the
+    /// batch), or when the device cannot hold the vocabulary table.
     pub fn forward_chunks(
         &self,
         ids: Tensor<B, 2, Int>,
         max_chunk_bytes: usize,
     ) -> Result<impl Iterator<Item = Tensor<B, 3>> + '_, ModelError> {
-        Ok(self.project_chunks(self.hidden(ids)?, max_chunk_bytes))
+        let h = self.hidden(ids)?;
+        let [batch, _, _] = h.dims();
+        let one = Extent::new(
+            "logits",
+            vec![batch, 1, self.vocab_size()],
+            h.dtype().size(),
+            "split the batch: chunks hold whole positions of every row",
+        );
+        if one.exceeds_every_device() {
+            return Err(one.error(format!(
+                "not attempted: one position of the batch exceeds {DEVICE_BUFFER_BYTES} bytes"
+            )));
+        }
+        Ok(self.project_chunks(h, max_chunk_bytes.min(DEVICE_BUFFER_BYTES)))
     }
 
     /// The logits of `h` `[batch, seq, d_model]` as consecutive chunks `[batch, rows, vocab]`
-    /// of at most `max_bytes` each (at least one position), projected lazily.
+    /// of at most `max_bytes` each (at least one position), projected lazily, unchecked (see
+    /// [`project_rows`]).
     fn project_chunks(
         &self,
         h: Tensor<B, 3>,
@@ -196,7 +228,8 @@ impl<B: Backend> DecoderOnly<B> {
         let step = rows_within(batch * self.vocab_size(), h.dtype().size(), max_bytes);
         (0..seq).step_by(step).map(move |start| {
             let rows = step.min(seq - start);
-            self.project(h.clone().narrow(1, start, rows))
+            let h = h.clone().narrow(1, start, rows);
+            project_rows(self.output.as_ref(), &self.embedding, h, LOGITS_CHUNK_BYTES)
         })
     }
 
@@ -209,17 +242,19 @@ impl<B: Backend> DecoderOnly<B> {
     /// - output: `[batch, vocab]`
     ///
     /// # Errors
-    /// An empty sequence; a sequence longer than a learned position table.
+    /// An empty sequence; a sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// `[batch, vocab]` logits or the vocabulary table.
     pub fn last_logits(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, ModelError> {
         if ids.dims()[1] == 0 {
             return Err(ModelError::InvalidInput(
                 "no position: the last position's logits need at least one token".into(),
             ));
         }
-        let h = self.hidden(ids)?;
+        let h = self.hidden_unchecked(ids)?;
         let [batch, seq, _] = h.dims();
         Ok(self
-            .project(h.narrow(1, seq - 1, 1))
+            .project(h.narrow(1, seq - 1, 1))?
             .reshape([batch, self.vocab_size()]))
     }
 
@@ -234,7 +269,9 @@ impl<B: Backend> DecoderOnly<B> {
     /// - output: `[batch, seq - 1]`
     ///
     /// # Errors
-    /// Fewer than two positions, a sequence longer than a learned position table.
+    /// Fewer than two positions, a sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold one
+    /// chunk (one position's logits over a very large batch) or the vocabulary table.
     pub fn token_log_probs(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 2>, ModelError> {
         let [batch, seq] = ids.dims();
         if seq < 2 {
@@ -244,18 +281,26 @@ impl<B: Backend> DecoderOnly<B> {
             )));
         }
         // The last position predicts nothing here: score positions 0..seq-1.
-        let h = self.hidden(ids.clone())?.narrow(1, 0, seq - 1);
+        let h = self.hidden_unchecked(ids.clone())?.narrow(1, 0, seq - 1);
+        let device = h.device();
         let targets = ids.narrow(1, 1, seq - 1);
         let mut start = 0;
         let mut scores = Vec::new();
+        let mut extents = table_extents(self.output.as_ref(), &self.embedding);
         for logits in self.project_chunks(h, LOGITS_CHUNK_BYTES) {
             let rows = logits.dims()[1];
+            if start == 0 {
+                // The first chunk is the largest.
+                extents.push(Extent::logits(&logits));
+            }
             let target = targets.clone().narrow(1, start, rows).unsqueeze_dim::<3>(2);
             let picked = log_softmax(logits, 2).gather(2, target);
             scores.push(picked.reshape([batch, rows]));
             start += rows;
         }
-        Ok(Tensor::cat(scores, 1))
+        let scores = Tensor::cat(scores, 1);
+        check_fits::<B>(&device, extents)?;
+        Ok(scores)
     }
 
     /// The stack's output (after its final norm), before the vocabulary projection: what
@@ -266,8 +311,21 @@ impl<B: Backend> DecoderOnly<B> {
     /// - output: `[batch, seq, d_model]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// vocabulary table (synchronised only for a table over [`DEVICE_BUFFER_BYTES`]).
     pub fn hidden(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
+        let h = self.hidden_unchecked(ids)?;
+        check_fits::<B>(
+            &h.device(),
+            table_extents(self.output.as_ref(), &self.embedding),
+        )?;
+        Ok(h)
+    }
+
+    /// [`hidden`](Self::hidden) without the device check, for callers that check the tables
+    /// with their result.
+    fn hidden_unchecked(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, ModelError> {
         let x = add_positions(self.positions.as_ref(), self.embedding.forward(ids), 0)?;
         Ok(self
             .stack
@@ -399,7 +457,7 @@ impl<B: Backend> IncrementalDecoder<B> for DecoderOnly<B> {
         let input = SelfAttentionInput::new(xfmr_blocks::dropout(&self.dropout, x)).mask_opt(mask);
         let h = self.stack.step(input, &mut state.cache);
         let logits = self
-            .project(h.narrow(1, new - 1, 1))
+            .project(h.narrow(1, new - 1, 1))?
             .reshape([batch, self.vocab_size()]);
         Ok(Step {
             logits,

@@ -13,7 +13,8 @@ use xfmr_blocks::{
     TokenEmbeddingConfig,
 };
 
-use crate::{check_pad_id, check_positive, vocab_logits, ModelError};
+use crate::device::check_fits;
+use crate::{check_pad_id, check_positive, table_extents, vocab_logits, ModelError};
 
 /// Configuration of [`EncoderOnly`]. The presets are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
@@ -197,7 +198,10 @@ impl<B: Backend> EncoderOnly<B> {
     /// - output: `[batch, seq, d_model]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// token embedding (synchronised only for a table over
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES)).
     pub fn embed(
         &self,
         ids: Tensor<B, 2, Int>,
@@ -216,6 +220,7 @@ impl<B: Backend> EncoderOnly<B> {
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(x);
         }
+        check_fits::<B>(&x.device(), table_extents(None, &self.token_embedding))?;
         Ok(xfmr_blocks::dropout(&self.dropout, x))
     }
 
@@ -328,9 +333,13 @@ impl<B: Backend> EncoderOnly<B> {
     /// # Shapes
     /// - `hidden`: `[batch, seq, d_model]`; output `[batch, seq, vocab]`
     ///
+    /// # Errors
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// `batch · seq · vocab` logits (or the token embedding): score fewer rows at a time.
+    ///
     /// # Panics
     /// If the model has no MLM head.
-    pub fn mlm_logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+    pub fn mlm_logits(&self, hidden: Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError> {
         let head = self
             .mlm_head
             .as_ref()
@@ -338,7 +347,7 @@ impl<B: Backend> EncoderOnly<B> {
         let [batch, seq, d] = hidden.dims();
         let h = exact_gelu(head.dense.forward(hidden.reshape([batch * seq, d])));
         let h = head.norm.forward(h.reshape([batch, seq, d]));
-        vocab_logits(None, &self.token_embedding, h) + head.bias.val().unsqueeze::<3>()
+        Ok(vocab_logits(None, &self.token_embedding, h)? + head.bias.val().unsqueeze::<3>())
     }
 }
 

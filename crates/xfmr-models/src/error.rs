@@ -37,6 +37,33 @@ pub enum ModelError {
     /// A token id outside the vocabulary, or an empty input.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// A tensor larger than the device holds in one buffer (on wgpu the adapter's
+    /// `max_storage_buffer_binding_size`, 128 MiB on lavapipe; on CUDA a quarter of the
+    /// device memory): logits of too many positions (or a vocabulary table whose allocation
+    /// failed). burn's GPU backends neither allocate such a tensor nor fail the call that asks
+    /// for it: the kernels touching it are skipped and their results hold stale memory. The models
+    /// synchronise the device after a computation with a tensor over
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES) and return this error when it
+    /// reports a failure, instead of those values.
+    #[error(
+        "{what} {shape:?} take {bytes} bytes, more than this device holds in one buffer (its \
+         limit lies between {limit} bytes, which every backend holds, and {bytes}): {remedy}; \
+         the device reported: {reported}"
+    )]
+    TooLargeForDevice {
+        /// The tensor (`"logits"`, `"token embedding"`, ...).
+        what: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its size in bytes.
+        bytes: usize,
+        /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES): what every backend holds.
+        limit: usize,
+        /// What to do instead.
+        remedy: &'static str,
+        /// The device's error, or why the computation was not attempted.
+        reported: String,
+    },
     /// A checkpoint was written for another configuration.
     #[error(
         "checkpoint {path} was saved with `{field}` = {found}, but the configuration asks for {expected}"

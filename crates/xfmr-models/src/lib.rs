@@ -36,15 +36,19 @@
 mod batch;
 pub mod checkpoint;
 mod decoder_only;
+mod device;
 mod encoder_only;
 mod error;
 pub mod generate;
 pub mod hf;
 mod loss;
+#[cfg(feature = "autodiff")]
+mod loss_op;
 mod transformer;
 
 pub use batch::{pad_rows, padded_ids, PadSide};
 pub use decoder_only::{DecoderOnly, DecoderOnlyConfig, LmState};
+pub use device::DEVICE_BUFFER_BYTES;
 pub use encoder_only::{l2_normalize, EncoderOnly, EncoderOnlyConfig, MlmHead, Pooling};
 pub use error::ModelError;
 pub use generate::{
@@ -58,6 +62,7 @@ pub use loss::{
 pub use transformer::{AttentionMaps, Memory, Seq2SeqState, Transformer, TransformerConfig};
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
+use device::{check_fits, Extent};
 
 /// An integer tensor from host values.
 pub(crate) fn int_tensor<B: Backend, const D: usize>(
@@ -68,12 +73,13 @@ pub(crate) fn int_tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(values, shape), device)
 }
 
-/// The most bytes of logits one vocabulary product may write: 64 MiB, half of WebGPU's default
-/// largest storage-buffer binding (128 MiB), which is all that some adapters allow (lavapipe,
-/// Mesa's CPU Vulkan driver, among them): there cubecl cannot allocate a larger tensor, and burn
-/// panics ("Can't execute the autotune plan ... Memory page 0 doesn't exist"). The vocabulary
-/// projections multiply their rows in chunks within this (the other operand is the weight,
-/// which exists already); the chunk size to give [`DecoderOnly::forward_chunks`].
+/// The most bytes of logits one vocabulary product may write: 64 MiB, half of
+/// [`DEVICE_BUFFER_BYTES`] (128 MiB, WebGPU's default largest storage-buffer binding, which is
+/// all that some adapters allow: lavapipe, Mesa's CPU Vulkan driver, among them). A larger
+/// product there panics in burn's matmul autotune ("Memory page 0 doesn't exist"), or, where
+/// only its result is too large, leaves stale memory in it. The vocabulary projections multiply
+/// their rows in chunks within this (the other operand is the weight, which exists already);
+/// the chunk size to give [`DecoderOnly::forward_chunks`].
 pub const LOGITS_CHUNK_BYTES: usize = 64 << 20;
 
 /// Rows of `[rows, width]` values of `elem_bytes` bytes each that fit in `max_bytes` (at
@@ -93,21 +99,51 @@ pub(crate) fn vocab_of<B: Backend>(
     }
 }
 
+/// The vocabulary tables of a model: the embedding `table`, and `output`'s weight when the
+/// projection is untied, as [`device::Extent`]s for [`device::check_fits`].
+pub(crate) fn table_extents<B: Backend>(
+    output: Option<&burn::nn::Linear<B>>,
+    table: &xfmr_blocks::TokenEmbedding<B>,
+) -> Vec<Extent> {
+    let mut extents = vec![Extent::weight("token embedding", &table.weight.val())];
+    if let Some(linear) = output {
+        extents.push(Extent::weight("output projection", &linear.weight.val()));
+    }
+    extents
+}
+
 /// Vocabulary logits of `h` `[batch, seq, d_model]` → `[batch, seq, vocab]`: through
 /// `output` when the model has an untied projection, else through the tied embedding `table`
 /// (paper §3.4). The `batch · seq` rows are multiplied in chunks whose logits fit in
-/// [`LOGITS_CHUNK_BYTES`], then concatenated, so only the result may be that large: on wgpu
-/// it must still fit in one storage buffer (see [`DecoderOnly::forward`]).
+/// [`LOGITS_CHUNK_BYTES`], then concatenated. When the result or a table exceeds
+/// [`DEVICE_BUFFER_BYTES`], the device is synchronised and a failure to hold them is
+/// [`ModelError::TooLargeForDevice`] (see `device.rs`), never stale values.
 pub(crate) fn vocab_logits<B: Backend>(
     output: Option<&burn::nn::Linear<B>>,
     table: &xfmr_blocks::TokenEmbedding<B>,
     h: Tensor<B, 3>,
-) -> Tensor<B, 3> {
+) -> Result<Tensor<B, 3>, ModelError> {
     vocab_logits_within(output, table, h, LOGITS_CHUNK_BYTES)
 }
 
 /// [`vocab_logits`] with products of at most `max_bytes` of logits each (at least one row).
 pub(crate) fn vocab_logits_within<B: Backend>(
+    output: Option<&burn::nn::Linear<B>>,
+    table: &xfmr_blocks::TokenEmbedding<B>,
+    h: Tensor<B, 3>,
+    max_bytes: usize,
+) -> Result<Tensor<B, 3>, ModelError> {
+    let device = h.device();
+    let logits = project_rows(output, table, h, max_bytes);
+    let mut extents = table_extents(output, table);
+    extents.push(Extent::logits(&logits));
+    check_fits::<B>(&device, extents)?;
+    Ok(logits)
+}
+
+/// [`vocab_logits_within`] without the device check: for callers that bound the result
+/// within [`DEVICE_BUFFER_BYTES`] and have checked the tables.
+pub(crate) fn project_rows<B: Backend>(
     output: Option<&burn::nn::Linear<B>>,
     table: &xfmr_blocks::TokenEmbedding<B>,
     h: Tensor<B, 3>,

@@ -24,7 +24,9 @@
 //! log-softmax's backward passes over the `[tokens, V]` logits; PyTorch's fused
 //! `cross_entropy` backward does the same. Tests compare it with the autodiff of the formula
 //! (`tests/models/loss.rs`), for both masses. Only first derivatives are right: nothing
-//! differentiates the closed form again.
+//! differentiates the closed form again. With the feature `autodiff`,
+//! `LabelSmoothedCrossEntropy::forward_autodiff` goes further on `Autodiff<I>`: the loss is one
+//! node of the graph, computed on `I`, whose backward is that closed form (`loss_op.rs`).
 
 use burn::config::Config;
 use burn::tensor::{backend::Backend, ElementConversion, IndexingUpdateOp, Int, Tensor};
@@ -113,7 +115,8 @@ impl LabelSmoothedCrossEntropy {
     /// The loss of `logits` against `targets`.
     ///
     /// Under autodiff, the loss's gradient with respect to `logits` is the closed form of the
-    /// module docs: right for first derivatives (training), not for second ones.
+    /// module docs: right for first derivatives (training), not for second ones. (With the
+    /// feature `autodiff`, `forward_autodiff` makes the loss one node of the graph.)
     ///
     /// # Shapes
     /// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
@@ -127,30 +130,53 @@ impl LabelSmoothedCrossEntropy {
         targets: Tensor<B, 2, Int>,
     ) -> SmoothedLoss<B> {
         let [batch, seq, vocab] = logits.dims();
-        assert_eq!(
-            targets.dims(),
-            [batch, seq],
-            "LabelSmoothedCrossEntropy: targets {:?} do not match logits {:?}",
-            targets.dims(),
-            logits.dims()
-        );
-        let (epsilon, pad_id) = (self.epsilon, self.pad_id);
-        let non_padding = self.mass == SmoothingMass::NonPadding;
-        if non_padding {
-            assert!(vocab >= 3, "LabelSmoothedCrossEntropy: vocab {vocab} < 3");
-            assert!(
-                (pad_id as usize) < vocab,
-                "LabelSmoothedCrossEntropy: pad {pad_id} ≥ vocab {vocab}"
-            );
-        }
-        let n = batch * seq;
+        self.check(&logits.dims(), &targets.dims());
         let device = logits.device();
-        let logits = logits.reshape([n, vocab]);
+        let logits = logits.reshape([batch * seq, vocab]);
         // Every statistic below is computed outside the autodiff graph; the graph gets one
         // product whose gradient is the closed form (see `with_gradient`).
-        let z = logits.clone().detach();
-        let targets = targets.reshape([n, 1]);
-        let keep = targets.clone().not_equal_elem(i64::from(pad_id)).float(); // [n, 1]
+        let rows = self.rows(logits.clone().detach(), targets.reshape([batch * seq, 1]));
+        let (loss, nll, tokens) = (rows.loss.clone(), rows.nll.clone(), rows.tokens);
+        if !B::ad_enabled(&device) {
+            return SmoothedLoss { loss, nll, tokens };
+        }
+        SmoothedLoss {
+            loss: with_gradient(loss, logits, self.gradient(rows)),
+            nll,
+            tokens,
+        }
+    }
+
+    /// Asserts the shapes `forward` documents.
+    pub(crate) fn check(&self, logits: &[usize; 3], targets: &[usize; 2]) {
+        let [batch, seq, vocab] = *logits;
+        assert_eq!(
+            *targets,
+            [batch, seq],
+            "LabelSmoothedCrossEntropy: targets {targets:?} do not match logits {logits:?}"
+        );
+        if self.mass == SmoothingMass::NonPadding {
+            assert!(vocab >= 3, "LabelSmoothedCrossEntropy: vocab {vocab} < 3");
+            assert!(
+                (self.pad_id as usize) < vocab,
+                "LabelSmoothedCrossEntropy: pad {} ≥ vocab {vocab}",
+                self.pad_id
+            );
+        }
+    }
+
+    /// The loss, the NLL and what the gradient needs, from `z` `[n, V]` (no autodiff graph
+    /// is built: `z` is detached or an inner backend's) and `targets` `[n, 1]`.
+    pub(crate) fn rows<B: Backend>(&self, z: Tensor<B, 2>, targets: Tensor<B, 2, Int>) -> Rows<B> {
+        let [_, vocab] = z.dims();
+        let (epsilon, pad_id) = (self.epsilon, self.pad_id);
+        // 1 where the target is not padding, [n, 1], in z's own float type (`Int::float` would
+        // give the device's default one).
+        let keep = z
+            .clone()
+            .narrow(1, 0, 1)
+            .zeros_like()
+            .mask_fill(targets.clone().not_equal_elem(i64::from(pad_id)), 1.0);
         let tokens = keep.clone().sum().into_scalar().elem::<f64>().round() as usize;
         let count = tokens.max(1) as f64;
 
@@ -161,30 +187,54 @@ impl LabelSmoothedCrossEntropy {
         let log_z = max + sum_exp.clone().log();
         let z_target = z.clone().gather(1, targets.clone());
         // Σ_{v ∈ S} log p(v) = Σ_{v ∈ S} z_v − |S| log Z.
-        let (set_size, set_sum) = if non_padding {
+        let set_size = self.set_size(vocab);
+        let set_sum = if self.mass == SmoothingMass::NonPadding {
             let z_pad = z.clone().narrow(1, pad_id as usize, 1);
-            (vocab - 2, z.sum_dim(1) - z_target.clone() - z_pad)
+            z.sum_dim(1) - z_target.clone() - z_pad
         } else {
-            (vocab, z.sum_dim(1))
+            z.sum_dim(1)
         };
         let others = set_sum - log_z.clone().mul_scalar(set_size as f64);
         let target_lp = z_target - log_z; // [n, 1]
         let smooth = epsilon / set_size as f64;
         let per_token = target_lp.clone().mul_scalar(-(1.0 - epsilon)) - others.mul_scalar(smooth);
-        let loss = (per_token * keep.clone()).sum().div_scalar(count);
-        let nll = (target_lp.neg() * keep.clone()).sum().div_scalar(count);
-        if !B::ad_enabled(&device) {
-            return SmoothedLoss { loss, nll, tokens };
+        Rows {
+            loss: (per_token * keep.clone()).sum().div_scalar(count),
+            nll: (target_lp.neg() * keep.clone()).sum().div_scalar(count),
+            tokens,
+            exp,
+            sum_exp,
+            weight: keep.div_scalar(count),
+            targets,
         }
+    }
 
-        // ∂L/∂z_tv = w_t (p_tv − q_tv), w_t = keep_t / count: p − s everywhere, then at the
-        // target − (1 − ε) (all tokens: q_y = 1 − ε + s) or − (1 − ε − s) (non-padding: q_y =
-        // 1 − ε), and at the padding column + s (non-padding: q_pad = 0), added by one scatter.
-        let weight = keep.div_scalar(count); // [n, 1]
+    /// `|S|`, the size of the smoothing set over a vocabulary of `vocab`.
+    fn set_size(&self, vocab: usize) -> usize {
+        match self.mass {
+            SmoothingMass::NonPadding => vocab - 2,
+            SmoothingMass::AllTokens => vocab,
+        }
+    }
+
+    /// `∂L/∂z` `[n, V]` in closed form from the row statistics: `w_t (p_tv − q_tv)`.
+    pub(crate) fn gradient<B: Backend>(&self, rows: Rows<B>) -> Tensor<B, 2> {
+        let Rows {
+            exp,
+            sum_exp,
+            weight,
+            targets,
+            ..
+        } = rows;
+        let epsilon = self.epsilon;
+        let smooth = epsilon / self.set_size(exp.dims()[1]) as f64;
+        // w_t = keep_t / count: p − s everywhere, then at the target − (1 − ε) (all tokens:
+        // q_y = 1 − ε + s) or − (1 − ε − s) (non-padding: q_y = 1 − ε), and at the padding
+        // column + s (non-padding: q_pad = 0), added by one scatter.
         let gradient = (exp - sum_exp.clone().mul_scalar(smooth)) * (weight.clone() / sum_exp);
-        let gradient = if non_padding {
+        if self.mass == SmoothingMass::NonPadding {
             // `full_like`: the target ids' own integer type, which `cat` needs.
-            let pad_column = targets.full_like(i64::from(pad_id));
+            let pad_column = targets.full_like(i64::from(self.pad_id));
             let columns = Tensor::cat(vec![targets, pad_column], 1);
             let corrections = Tensor::cat(
                 vec![
@@ -197,13 +247,27 @@ impl LabelSmoothedCrossEntropy {
         } else {
             let corrections = weight.mul_scalar(-(1.0 - epsilon));
             gradient.scatter(1, targets, corrections, IndexingUpdateOp::Add)
-        };
-        SmoothedLoss {
-            loss: with_gradient(loss, logits, gradient),
-            nll,
-            tokens,
         }
     }
+}
+
+/// The loss's row statistics ([`LabelSmoothedCrossEntropy::rows`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Rows<B: Backend> {
+    /// `L`, `[1]`.
+    pub(crate) loss: Tensor<B, 1>,
+    /// The mean NLL, `[1]`.
+    pub(crate) nll: Tensor<B, 1>,
+    /// Non-padding targets.
+    pub(crate) tokens: usize,
+    /// `exp(z − max)`, `[n, V]`.
+    exp: Tensor<B, 2>,
+    /// Its row sums, `[n, 1]`.
+    sum_exp: Tensor<B, 2>,
+    /// `keep_t / count`, `[n, 1]`.
+    weight: Tensor<B, 2>,
+    /// `[n, 1]`.
+    targets: Tensor<B, 2, Int>,
 }
 
 /// `value` (detached, shape `[1]`) whose gradient with respect to `input` is `gradient`

@@ -10,9 +10,11 @@ use xfmr_blocks::{
     NormPosition, Positions, SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
 };
 
+use crate::device::check_fits;
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
 use crate::{
-    check_ids, check_pad_id, check_positive, padded_ids, vocab_logits, ModelError, PadSide,
+    check_ids, check_pad_id, check_positive, padded_ids, table_extents, vocab_logits, ModelError,
+    PadSide,
 };
 
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
@@ -169,6 +171,7 @@ impl<B: Backend> Transformer<B> {
         offset: usize,
     ) -> Result<Tensor<B, 3>, ModelError> {
         let x = add_positions(self.positions.as_ref(), table.forward(ids), offset)?;
+        check_fits::<B>(&x.device(), table_extents(None, table))?;
         Ok(xfmr_blocks::dropout(&self.dropout, x))
     }
 
@@ -196,7 +199,10 @@ impl<B: Backend> Transformer<B> {
     /// - output states: `[batch, seq_src, d_model]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// source embedding (synchronised only for a table over
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES)).
     pub fn encode(&self, src: Tensor<B, 2, Int>) -> Result<Memory<B>, ModelError> {
         let (x, mask) = self.embed_source(src)?;
         Ok(Memory {
@@ -216,7 +222,11 @@ impl<B: Backend> Transformer<B> {
     ///   gives log-probabilities)
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// `batch · seq_tgt · tgt_vocab` logits (synchronised only past
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES): train on fewer target tokens per
+    /// batch) or a vocabulary table.
     pub fn decode(
         &self,
         tgt_in: Tensor<B, 2, Int>,
@@ -226,7 +236,7 @@ impl<B: Backend> Transformer<B> {
         let h = self
             .decoder
             .forward(DecoderInput::new(x, &memory.states).memory_mask(memory.mask.clone()));
-        Ok(self.project(h))
+        self.project(h)
     }
 
     /// Teacher-forced forward: encode `src`, decode `tgt_in`.
@@ -236,7 +246,11 @@ impl<B: Backend> Transformer<B> {
     /// - output: `[batch, seq_tgt, tgt_vocab]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// `batch · seq_tgt · tgt_vocab` logits (synchronised only past
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES): train on fewer target tokens per
+    /// batch) or a vocabulary table.
     pub fn forward(
         &self,
         src: Tensor<B, 2, Int>,
@@ -256,7 +270,11 @@ impl<B: Backend> Transformer<B> {
     ///   seq_src, seq_src]` and `cross`: `[batch, heads, seq_tgt, seq_src]`
     ///
     /// # Errors
-    /// A sequence longer than a learned position table.
+    /// A sequence longer than a learned position table;
+    /// [`TooLargeForDevice`](ModelError::TooLargeForDevice) when the device cannot hold the
+    /// `batch · seq_tgt · tgt_vocab` logits (synchronised only past
+    /// [`DEVICE_BUFFER_BYTES`](crate::DEVICE_BUFFER_BYTES): train on fewer target tokens per
+    /// batch) or a vocabulary table.
     pub fn forward_with_attention(
         &self,
         src: Tensor<B, 2, Int>,
@@ -271,13 +289,13 @@ impl<B: Backend> Transformer<B> {
             .decoder
             .forward_with_weights(DecoderInput::new(y, &states).memory_mask(mask));
         Ok(AttentionMaps {
-            logits: self.project(h),
+            logits: self.project(h)?,
             encoder,
             cross,
         })
     }
 
-    fn project(&self, h: Tensor<B, 3>) -> Tensor<B, 3> {
+    fn project(&self, h: Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError> {
         vocab_logits(self.output.as_ref(), self.tgt_table(), h)
     }
 
@@ -358,7 +376,7 @@ impl<B: Backend> IncrementalDecoder<B> for Transformer<B> {
         let out = self.decoder.step(input, &mut state.cache);
         let (h, weights) = (out.hidden, out.cross_weights);
         let last = h.narrow(1, new - 1, 1);
-        let logits = self.project(last).reshape([batch, self.tgt_vocab_size()]);
+        let logits = self.project(last)?.reshape([batch, self.tgt_vocab_size()]);
         let attention = weights.map(|w| {
             let [b, _, q, k] = w.dims();
             // Average over heads, keep the last query: [batch, seq_src].

@@ -120,7 +120,7 @@ pub fn fill_mask<B: Backend>(
     let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), device);
     let hidden = model.forward(ids, None, None).map_err(TrainError::from)?;
-    let logits = model.mlm_logits(hidden);
+    let logits = model.mlm_logits(hidden).map_err(TrainError::from)?;
     let vocab = logits.dims()[2];
     let probs: Vec<f32> = softmax(logits.reshape([n, vocab]), 1)
         .into_data()

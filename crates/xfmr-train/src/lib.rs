@@ -8,6 +8,10 @@
 //! - [`metrics`]: corpus and sentence BLEU and chrF, as sacreBLEU 2.6 computes them.
 //! - [`data`]: `source<TAB>target` corpora, a split that keeps near-duplicates on one side,
 //!   batches by token count.
+//! - [`ladder`]: batch shapes that compile once: batches padded to a ladder of lengths and
+//!   row counts ([`LengthLadder`]), for the GPU backends.
+//! - [`kernel_cache`]: cubecl's compiled kernels and autotune results in a per-user cache
+//!   directory, reused by the next run and by the server.
 //! - [`distributed`]: data-parallel training over processes and machines on burn's collective
 //!   all-reduce.
 //! - [`schedule`]: the warm-up / inverse-square-root learning rate of §5.3 (the label-smoothed
@@ -31,6 +35,8 @@
 pub mod data;
 pub mod distributed;
 pub mod inference;
+pub mod kernel_cache;
+pub mod ladder;
 pub mod metrics;
 pub mod objective;
 pub mod quickstart;
@@ -43,6 +49,7 @@ pub mod trainer;
 pub mod translate;
 
 pub use distributed::{DataParallel, DataParallelConfig};
+pub use ladder::{BatchShape, LengthLadder, SourceBatches};
 pub use metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, BleuScore, MetricError};
 pub use objective::{CausalLm, Example, MaskedLm, Objective, Translation};
 pub use replicas::{local_devices, open_replicas, run_replicas};

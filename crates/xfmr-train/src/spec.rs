@@ -381,7 +381,61 @@ impl RunSpec {
 
 #[cfg(test)]
 mod tests {
-    use super::{Preset, Task};
+    use super::{Preset, RunSpec, Task};
+    use crate::LengthLadder;
+
+    /// The keys of a `train-config.json`'s training configuration, pinned: a key renamed or
+    /// removed breaks every run directory written before. `ladder` came last (issue 41): a
+    /// file without it (written before) still loads, with no ladder, and one with it keeps it.
+    #[test]
+    fn train_config_keys_are_pinned_and_old_files_load() {
+        let config = Preset::Tiny.train_config(Task::Lm);
+        let json = serde_json::to_value(&config).unwrap();
+        let mut keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "accumulate",
+                "average",
+                "beta_1",
+                "beta_2",
+                "checkpoint_every",
+                "decay",
+                "epsilon",
+                "eval_every",
+                "keep_checkpoints",
+                "ladder",
+                "lr_factor",
+                "max_tokens",
+                "minutes",
+                "seed",
+                "steps",
+                "warmup"
+            ]
+        );
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("ladder");
+        let read: crate::TrainConfig = serde_json::from_value(old).unwrap();
+        assert_eq!(read.ladder, None);
+        let on = config.with_ladder(Some(LengthLadder::new(8)));
+        let text = serde_json::to_string(&on).unwrap();
+        assert!(text.contains(r#""ladder":{"min_len":8}"#), "{text}");
+        let read: crate::TrainConfig = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.ladder, Some(LengthLadder::new(8)));
+        // A whole run specification of before, as a run directory holds it.
+        let mut spec = serde_json::json!({"task": "lm", "train": json});
+        spec["train"].as_object_mut().unwrap().remove("ladder");
+        let objective = crate::CausalLm::new(xfmr_models::DecoderOnlyConfig::tiny(40), 1, 2);
+        spec["objective"] = serde_json::to_value(objective).unwrap();
+        let spec: RunSpec = serde_json::from_value(spec).unwrap();
+        assert_eq!(spec.train_config().ladder, None);
+    }
 
     /// The dropout default: the preset model's, except none for the `cpu` translation run.
     #[test]

@@ -10,6 +10,7 @@ use xfmr_io::write_atomic;
 use xfmr_models::{BeamOptions, GenerationOptions, ModelError, Strategy, Transformer};
 
 use crate::data::Pair;
+use crate::ladder::{record_shape, SourceBatches};
 use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
 use crate::objective::{framed, Example};
 use crate::tokenizer::SubwordTokenizer;
@@ -49,9 +50,11 @@ pub struct Candidate {
     pub attention: Option<Vec<Vec<f32>>>,
 }
 
-/// Translates `sentences`, `batch_size` at a time (sorted by length so a batch wastes little
-/// padding; results in input order). Each source gets the end token appended, as in training;
-/// decoding starts from `bos_id`. Returns per sentence its candidates, best first.
+/// Translates `sentences`, `batches.rows` at a time (sorted by length so a batch wastes little
+/// padding; results in input order), each batch padded as `batches` says (a `usize`: to its
+/// longest source; [`SourceBatches::with_ladder`]: to a few shapes, [`crate::ladder`]). Each
+/// source gets the end token appended, as in training; decoding starts from `bos_id`. Returns
+/// per sentence its candidates, best first.
 ///
 /// # Errors
 /// Encoding, an id outside the vocabulary, invalid options.
@@ -60,8 +63,9 @@ pub fn translate<B: Backend>(
     tokenizer: &SubwordTokenizer,
     sentences: &[&str],
     options: &GenerationOptions,
-    batch_size: usize,
+    batches: impl Into<SourceBatches>,
 ) -> Result<Vec<Vec<Candidate>>, TrainError> {
+    let batches = batches.into();
     let sources = sentences
         .iter()
         .map(|s| {
@@ -75,8 +79,12 @@ pub fn translate<B: Backend>(
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| sources[i].len());
     let mut out = vec![Vec::new(); sources.len()];
-    for chunk in order.chunks(batch_size.max(1)) {
+    for chunk in order.chunks(batches.rows.max(1)) {
         let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| sources[i].clone()).collect();
+        // Filler rows (copies) come after the chunk's own: `zip` leaves their results out.
+        let batch = batches.pad(batch, tokenizer.pad_id());
+        let longest = batch.iter().map(Vec::len).max().unwrap_or(0);
+        record_shape("decoding", [batch.len(), longest, 0]);
         let generation = model.generate(&batch, tokenizer.bos_id(), options)?;
         for (&i, hypotheses) in chunk.iter().zip(generation.hypotheses) {
             out[i] = hypotheses
@@ -105,9 +113,9 @@ pub fn translate_best<B: Backend>(
     tokenizer: &SubwordTokenizer,
     sentences: &[&str],
     options: &GenerationOptions,
-    batch_size: usize,
+    batches: impl Into<SourceBatches>,
 ) -> Result<Vec<String>, TrainError> {
-    Ok(translate(model, tokenizer, sentences, options, batch_size)?
+    Ok(translate(model, tokenizer, sentences, options, batches)?
         .into_iter()
         .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
         .collect())
@@ -220,7 +228,8 @@ impl DecodingChoice {
 }
 
 /// Chooses beam search's length penalty α for `model` on held-out `pairs`: translates them
-/// with beam `beam_size` (at most `max_len` tokens) once per α in `candidates` and keeps the
+/// with beam `beam_size` (at most `max_len` tokens; source batches as `batches` says, see
+/// [`translate`]) once per α in `candidates` and keeps the
 /// one with the highest corpus BLEU (the first on ties, so list the paper's 0.6 first). The
 /// GNMT penalty divides a hypothesis's log-probability by ((5 + |Y|) / 6)^α: a larger α
 /// favours longer translations, which a briefly trained model needs (its beam search ends
@@ -236,7 +245,9 @@ pub fn choose_length_penalty<B: Backend>(
     beam_size: usize,
     candidates: &[f64],
     max_len: usize,
+    batches: impl Into<SourceBatches>,
 ) -> Result<DecodingChoice, TrainError> {
+    let batches = batches.into();
     let invalid = |field, value: String, expected| TrainError::InvalidConfig {
         field,
         value,
@@ -269,7 +280,7 @@ pub fn choose_length_penalty<B: Backend>(
                 length_penalty: alpha,
                 ..BeamOptions::default()
             }));
-        let hyps = translate_best(model, tokenizer, &sources, &options, 32)?;
+        let hyps = translate_best(model, tokenizer, &sources, &options, batches)?;
         let bleu = score(&hyps, &refs).map_err(|e| invalid("pairs", e.to_string(), "scorable"))?;
         tried.push((alpha, bleu.bleu.score));
     }

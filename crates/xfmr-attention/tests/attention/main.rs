@@ -2,6 +2,8 @@
 //!
 //! One test binary (several files would each link burn and wgpu again).
 
+#[cfg(feature = "wgpu")]
+mod gpu;
 mod invariants;
 mod parity;
 mod paths;

@@ -12,7 +12,9 @@ use xfmr_train::Task;
 
 use crate::backend::{with_backend, BackendArg};
 use crate::runs::{finite, length_penalty, load_run};
-use crate::translation::{print_buckets, strategy, translate_texts, LENGTH_EDGES};
+use crate::translation::{
+    print_buckets, strategy, translate_texts, LENGTH_EDGES, TRANSLATION_BATCH,
+};
 
 /// Options of `xfmr eval`.
 #[derive(clap::Args)]
@@ -61,7 +63,13 @@ fn eval_on<B: Backend>(args: &Args) -> Result<()> {
         .collect();
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = pairs.iter().map(|p| p.tgt.clone()).collect();
-    let hyps = translate_texts(&model, &tokenizer, &sources, strategy(beam, 1, alpha))?;
+    let hyps = translate_texts(
+        &model,
+        &tokenizer,
+        &sources,
+        strategy(beam, 1, alpha),
+        TRANSLATION_BATCH.into(),
+    )?;
     let scores = score(&hyps, &refs)?;
     println!(
         "{}: {} sentences, {}: BLEU {:.2}  chrF {:.2}",

@@ -16,11 +16,12 @@ use anyhow::Result;
 use xfmr::burn::tensor::backend::AutodiffBackend;
 use xfmr_train::data::{self, Pair};
 use xfmr_train::translate::encode_pairs;
-use xfmr_train::{RunDir, RunSpec, SubwordTokenizer, Task};
+use xfmr_train::{Objective, RunDir, RunSpec, SourceBatches, SubwordTokenizer, Task};
 
 pub use args::Args;
 
 use crate::backend::{with_backend, BackendKind};
+use crate::translation::TRANSLATION_BATCH;
 
 /// The embedded Spanish→English set (see `data/es-en/README.md`).
 const EMBEDDED: [(&str, &str); 3] = [
@@ -94,7 +95,7 @@ fn train<B: AutodiffBackend>(args: &Args, cpu: bool) -> Result<()> {
         run.create()?;
     }
     let tokenizer = vocabulary(args, task, &run, &train_pairs)?;
-    let spec = args.spec(&tokenizer)?;
+    let spec = args.spec(&tokenizer, cpu)?;
     if leader && run.latest_checkpoint()?.is_none() {
         run.write_spec(&spec)?;
     }
@@ -116,6 +117,9 @@ fn train<B: AutodiffBackend>(args: &Args, cpu: bool) -> Result<()> {
     };
     match spec {
         RunSpec::Translation { objective, train } => {
+            // The evaluation's source batches: on the ladder when training is.
+            let batches = SourceBatches::new(TRANSLATION_BATCH)
+                .with_ladder(train.ladder, objective.max_positions());
             let examples = encode_pairs(&tokenizer, &train_pairs)?
                 .into_iter()
                 .filter(|e| short(&e.src) && short(&e.tgt))
@@ -129,6 +133,7 @@ fn train<B: AutodiffBackend>(args: &Args, cpu: bool) -> Result<()> {
                     &test,
                     args.beam,
                     args.length_penalty,
+                    batches,
                 )?;
             }
         }
@@ -147,6 +152,16 @@ fn train<B: AutodiffBackend>(args: &Args, cpu: bool) -> Result<()> {
             }
         }
     }
+    let shapes = xfmr_train::ladder::shapes_seen();
+    let decoding = shapes
+        .iter()
+        .filter(|(what, _)| *what == "decoding")
+        .count();
+    eprintln!(
+        "batch shapes met: {} in training and validation, {decoding} in decoding's source \
+         batches",
+        shapes.len() - decoding
+    );
     eprintln!("done in {:.1} min", started.elapsed().as_secs_f64() / 60.0);
     Ok(())
 }

@@ -2,28 +2,81 @@
 //!
 //! 803 positions of a 49,152-token vocabulary make 158 MB of f32 logits: past the 128 MiB
 //! that lavapipe (Mesa's CPU Vulkan driver, what runs wgpu here) and WebGPU's default allow
-//! for one storage buffer, beyond which cubecl cannot allocate a tensor at all and burn
-//! panics ("Can't execute the autotune plan ... Memory page 0 doesn't exist"). So on wgpu the
-//! full-sequence logits are read through `forward_chunks` (each chunk ≤ `LOGITS_CHUNK_BYTES`),
-//! the last position through `last_logits` and the text's score through `token_log_probs`;
-//! every one equals ndarray's full `forward` (computed in f64 on the host for the scores).
+//! for one storage buffer, beyond which cubecl cannot allocate a tensor at all: the kernels
+//! touching it are skipped and their results hold stale memory, reported only by the next
+//! device synchronisation (so `forward` checks, and returns `ModelError::TooLargeForDevice`).
+//! On wgpu the full-sequence logits are read through `forward_chunks` (each chunk ≤
+//! `LOGITS_CHUNK_BYTES`), the last position through `last_logits` and the text's score
+//! through `token_log_probs`; every one equals ndarray's full `forward` (computed in f64 on
+//! the host for the scores). `forward` itself is tested one position under and one over the
+//! adapter's limit, read from the device wgpu opened.
 //!
 //! Tolerances (absolute, on logits of magnitude up to ~40 and log-probabilities down to ~−60;
 //! measured: ≤ 6e-6 on flex and wgpu): 1e-5 on ndarray (the scores against f64 host
 //! arithmetic), 1e-4 on flex and on wgpu (f32 sums in another order); the chunked product
 //! equals the single product to 1e-5 on ndarray.
 
+use std::sync::OnceLock;
+
+use burn::backend::wgpu::{graphics::AutoGraphicsApi, init_setup, RuntimeOptions, WgpuDevice};
 use burn::backend::Flex;
 use burn::tensor::{activation::log_softmax, backend::Backend, Tensor};
-use xfmr_models::{DecoderOnly, DecoderOnlyConfig, IncrementalDecoder, LOGITS_CHUNK_BYTES};
+use xfmr_models::{
+    DecoderOnly, DecoderOnlyConfig, EncoderOnlyConfig, IncrementalDecoder, ModelError,
+    TransformerConfig, DEVICE_BUFFER_BYTES, LOGITS_CHUNK_BYTES,
+};
 use xfmr_testing::{assert_close_slices, to_vec, TestRng};
 
 use crate::{convert, ids, training_lock, Cpu, Device};
 
 /// burn's wgpu backend without kernel fusion (`xfmr::backend::WgpuUnfused`), what xfmr runs
 /// decoder-only models on.
-type WgpuUnfused =
+pub(crate) type WgpuUnfused =
     burn::backend::wgpu::CubeBackend<burn::backend::wgpu::WgpuRuntime, f32, i32, u32>;
+
+/// The wgpu device of these tests and the largest tensor it holds, in bytes: cubecl's
+/// `max_page_size` on wgpu, the device's `max_storage_buffer_binding_size` (128 MiB on
+/// lavapipe). The device is opened here, once, before any test uses it: every test of this
+/// binary on wgpu takes its device from here.
+pub(crate) fn wgpu_device() -> (WgpuDevice, usize) {
+    static LIMIT: OnceLock<u64> = OnceLock::new();
+    let device = WgpuDevice::default();
+    let limit = *LIMIT.get_or_init(|| {
+        let setup = init_setup::<AutoGraphicsApi>(&device, RuntimeOptions::default());
+        setup.device.limits().max_storage_buffer_binding_size
+    });
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    assert!(
+        limit >= DEVICE_BUFFER_BYTES,
+        "the adapter holds {limit} bytes per buffer, less than DEVICE_BUFFER_BYTES"
+    );
+    (device, limit)
+}
+
+/// `err` is `TooLargeForDevice` for `what` of `shape` (f32), with the shared limit.
+fn assert_too_large(err: ModelError, what: &str, shape: &[usize], context: &str) {
+    match err {
+        ModelError::TooLargeForDevice {
+            what: got,
+            shape: got_shape,
+            bytes,
+            limit,
+            ..
+        } => {
+            assert_eq!(
+                (got, got_shape.as_slice(), bytes, limit),
+                (
+                    what,
+                    shape,
+                    shape.iter().product::<usize>() * 4,
+                    DEVICE_BUFFER_BYTES
+                ),
+                "{context}"
+            );
+        }
+        other => panic!("{context}: expected TooLargeForDevice, got {other}"),
+    }
+}
 
 /// Prompt length of the long-input tests (≥ 800 positions).
 const SEQ: usize = 803;
@@ -95,10 +148,12 @@ fn chunked_vocab_product_equals_single_product() {
             .unwrap();
         let x = ids::<Cpu>(&rows, &device);
         let hidden = model.hidden(x.clone()).unwrap();
-        let single = model.vocab_logits(hidden.clone(), usize::MAX);
+        let single = model.vocab_logits(hidden.clone(), usize::MAX).unwrap();
         assert_eq!(single.dims(), [2, 37, vocab]);
         for chunk_rows in [7, 20] {
-            let chunked = model.vocab_logits(hidden.clone(), chunk_rows * vocab * 4);
+            let chunked = model
+                .vocab_logits(hidden.clone(), chunk_rows * vocab * 4)
+                .unwrap();
             assert_close_slices(
                 &to_vec(&chunked),
                 &chunked.dims(),
@@ -208,7 +263,8 @@ fn long_case(untied: bool) -> LongCase {
 /// (chunks within [`LOGITS_CHUNK_BYTES`], adding up to the prompt), the last position through
 /// `last_logits` and through the first generation step, and the scores through
 /// `token_log_probs`, all equal to ndarray's full `forward` (≤ `atol`); with `full_forward`,
-/// `forward` itself too (not on wgpu: 158 MB in one tensor is past lavapipe's 128 MiB).
+/// `forward` itself too; without, `forward` must be `TooLargeForDevice` (on wgpu: 158 MB in one
+/// tensor is past lavapipe's 128 MiB).
 fn check_long_prompt<B: Backend>(device: &B::Device, atol: f64, full_forward: bool, what: &str) {
     for untied in [false, true] {
         let case = long_case(untied);
@@ -287,6 +343,9 @@ fn check_long_prompt<B: Backend>(device: &B::Device, atol: f64, full_forward: bo
                 0.0,
                 &format!("{what}: forward vs ndarray's"),
             );
+        } else {
+            let err = model.forward(x).unwrap_err();
+            assert_too_large(err, "logits", &[1, SEQ, BIG_VOCAB], &what);
         }
     }
 }
@@ -301,10 +360,105 @@ fn long_prompt_on_flex() {
     check_long_prompt::<Flex>(&Default::default(), 1e-4, true, "flex");
 }
 
-/// The reported failure: on wgpu the 803 × 49,152 logits in one product panicked inside
-/// burn's matmul autotune; chunked, every position's logits, the last one and the scores
-/// come out.
+/// The reported failures: on wgpu the 803 × 49,152 logits in one product panicked inside
+/// burn's matmul autotune, and once chunked, `forward`'s concatenated result silently held
+/// stale memory; chunked, every position's logits, the last one and the scores come out, and
+/// `forward` is `TooLargeForDevice`.
 #[test]
 fn long_prompt_on_wgpu() {
-    check_long_prompt::<WgpuUnfused>(&Default::default(), 1e-4, false, "wgpu");
+    check_long_prompt::<WgpuUnfused>(&wgpu_device().0, 1e-4, false, "wgpu");
+}
+
+/// `forward` on wgpu one position under and one over the adapter's largest buffer (682 and 683
+/// positions of 49,152 logits on lavapipe's 128 MiB): under, the logits equal ndarray's (a
+/// causal model's prefix has the logits of the long prompt's first positions); over, it is
+/// `TooLargeForDevice` naming the logits, where it used to return stale memory; after the
+/// error the device computes correctly again (`last_logits` of the same prefix).
+#[test]
+fn forward_at_the_device_buffer_limit_on_wgpu() {
+    let (device, limit) = wgpu_device();
+    let case = long_case(false);
+    let model = on::<WgpuUnfused>(&case.model, &case.config, &device);
+    let under = limit / (BIG_VOCAB * 4);
+    assert!(
+        under < SEQ,
+        "the adapter holds {limit} bytes per buffer: {SEQ} positions do not reach past it"
+    );
+    let prefix = |n: usize| ids::<WgpuUnfused>(&[case.ids[..n].to_vec()], &device);
+
+    let logits = to_vec(&model.forward(prefix(under)).unwrap());
+    eprintln!(
+        "wgpu: {under} positions ({} bytes, limit {limit}): within {:.2e} of ndarray's",
+        under * BIG_VOCAB * 4,
+        max_abs(&logits, &case.logits[..under * BIG_VOCAB])
+    );
+    assert_close_slices(
+        &logits,
+        &[under, BIG_VOCAB],
+        &case.logits[..under * BIG_VOCAB],
+        &[under, BIG_VOCAB],
+        1e-4,
+        0.0,
+        "wgpu: forward just under the limit vs ndarray's",
+    );
+
+    let over = under + 1;
+    let err = model.forward(prefix(over)).unwrap_err();
+    eprintln!("wgpu: {over} positions: {err}");
+    assert_too_large(
+        err,
+        "logits",
+        &[1, over, BIG_VOCAB],
+        "wgpu: just over the limit",
+    );
+
+    let last = to_vec(&model.last_logits(prefix(over)).unwrap());
+    assert_close_slices(
+        &last,
+        &[BIG_VOCAB],
+        &case.logits[under * BIG_VOCAB..over * BIG_VOCAB],
+        &[BIG_VOCAB],
+        1e-4,
+        0.0,
+        "wgpu: last_logits after the error vs ndarray's",
+    );
+}
+
+/// Every other vocabulary product over the device's buffer is an error on wgpu too: the
+/// encoder-decoder's output projection (683 target positions) and the encoder-only model's MLM
+/// logits (683 positions). The models are random, initialised on wgpu (d_model 8, one layer,
+/// no positions: only the sizes matter). (A vocabulary table over the limit is not tested:
+/// burn allocates parameters in cubecl's persistent pool, which has no size limit, and wgpu's
+/// validation then panics on the device's thread when a kernel binds the table, which leaves
+/// the device unusable for the other tests of this binary.)
+#[test]
+fn vocabulary_products_over_the_device_buffer_are_errors_on_wgpu() {
+    let (device, limit) = wgpu_device();
+    let over = limit / (BIG_VOCAB * 4) + 1;
+    let layer = |d_model| {
+        DecoderOnlyConfig::gpt_layer(d_model, 2, 16)
+            .with_dropout(0.0)
+            .with_positions(xfmr_blocks::PositionEncoding::None)
+    };
+    let row =
+        |n: usize| ids::<WgpuUnfused>(&[(0..n as u32).map(|i| 3 + i % 97).collect()], &device);
+
+    let transformer = TransformerConfig::new(BIG_VOCAB, BIG_VOCAB, layer(8), 1, 1)
+        .init::<WgpuUnfused>(&device)
+        .unwrap();
+    let err = transformer.forward(row(5), row(over)).unwrap_err();
+    assert_too_large(err, "logits", &[1, over, BIG_VOCAB], "Transformer::forward");
+
+    let encoder = EncoderOnlyConfig::new(BIG_VOCAB, layer(8), 1)
+        .with_mlm_head(true)
+        .init::<WgpuUnfused>(&device)
+        .unwrap();
+    let hidden = encoder.forward(row(over), None, None).unwrap();
+    let err = encoder.mlm_logits(hidden).unwrap_err();
+    assert_too_large(
+        err,
+        "logits",
+        &[1, over, BIG_VOCAB],
+        "EncoderOnly::mlm_logits",
+    );
 }

@@ -1,8 +1,12 @@
 //! The label-smoothed loss (both smoothing masses) against its formula, computed on the host in
-//! f64 from the same inputs, and its closed-form gradient against the autodiff of the formula.
+//! f64 from the same inputs, and its closed-form gradient against the autodiff of the formula;
+//! the loss as one autodiff node (`forward_autodiff`, `loss_op_*`) against the generic path on
+//! ndarray, flex and wgpu, and against finite differences in f64.
 
-use burn::backend::{Autodiff, NdArray};
-use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor, TensorData};
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::tensor::{
+    activation::log_softmax, backend::Backend, DType, ElementConversion, Int, Tensor, TensorData,
+};
 use xfmr_models::{LabelSmoothedCrossEntropyConfig, SmoothedLoss, SmoothingMass};
 
 type B = NdArray<f32>;
@@ -235,5 +239,187 @@ fn label_smoothed_loss_refuses_an_epsilon_outside_its_range() {
             .init()
             .unwrap_err();
         assert!(err.to_string().contains("`epsilon`"), "{err}");
+    }
+}
+
+/// The loss of `logits` `[n, vocab]` through the one-node op and, for the same values, through
+/// the generic path, on `Autodiff<I>`: both losses, NLLs and token counts, and the gradients of
+/// `3 · loss` (so the op's backward scales by its output's gradient).
+fn op_and_generic<I: Backend>(
+    device: &I::Device,
+    logits: &[f32],
+    targets: &[i64],
+    [batch, seq, vocab]: [usize; 3],
+    (pad, eps, mass): (u32, f64, SmoothingMass),
+) -> [(f64, f64, usize, Vec<f32>); 2] {
+    type Ad<I> = Autodiff<I>;
+    let loss = LabelSmoothedCrossEntropyConfig::new(pad)
+        .with_epsilon(eps)
+        .with_mass(mass)
+        .init()
+        .unwrap();
+    let run = |one_node: bool| {
+        let leaf = Tensor::<Ad<I>, 3>::from_data(
+            TensorData::new(logits.to_vec(), [batch, seq, vocab]),
+            device,
+        )
+        .require_grad();
+        let ids = Tensor::<Ad<I>, 2, Int>::from_data(
+            TensorData::new(targets.to_vec(), [batch, seq]),
+            device,
+        );
+        let out = if one_node {
+            loss.forward_autodiff(leaf.clone(), ids)
+        } else {
+            loss.forward(leaf.clone(), ids)
+        };
+        let grads = out.loss.clone().mul_scalar(3.0).backward();
+        let grad = leaf.grad(&grads).unwrap().into_data();
+        (
+            out.loss.into_scalar().elem::<f64>(),
+            out.nll.into_scalar().elem::<f64>(),
+            out.tokens,
+            grad.convert::<f32>().to_vec::<f32>().unwrap(),
+        )
+    };
+    [run(true), run(false)]
+}
+
+/// Asserts the op's results equal the generic path's: values ≤ 1e-6, gradient entries ≤ 1e-7
+/// (entries are 3 (p − q) / 9: the same f32 statistics, so a few ulps at most), and no
+/// gradient on the padded targets' rows.
+fn assert_op_equals_generic(
+    results: [(f64, f64, usize, Vec<f32>); 2],
+    targets: &[i64],
+    vocab: usize,
+    pad: u32,
+    what: &str,
+) {
+    let [(loss, nll, tokens, grad), (want_loss, want_nll, want_tokens, want_grad)] = results;
+    assert!(
+        (loss - want_loss).abs() <= 1e-6,
+        "{what}: loss {loss} vs {want_loss}"
+    );
+    assert!(
+        (nll - want_nll).abs() <= 1e-6,
+        "{what}: nll {nll} vs {want_nll}"
+    );
+    assert_eq!(tokens, want_tokens, "{what}");
+    for (i, (g, w)) in grad.iter().zip(&want_grad).enumerate() {
+        assert!((g - w).abs() <= 1e-7, "{what}, entry {i}: {g} vs {w}");
+    }
+    for (t, &y) in targets.iter().enumerate() {
+        if y == i64::from(pad) {
+            let row = &grad[t * vocab..(t + 1) * vocab];
+            assert!(row.iter().all(|&g| g == 0.0), "{what}: padded row {t}");
+        }
+    }
+}
+
+/// The one-node loss equals the generic path on `Autodiff<NdArray>` and `Autodiff<Flex>`: loss,
+/// NLL, token count and gradient, for both smoothing masses, ε ∈ {0, 0.1, 0.3}, with padded
+/// targets (ignored: no gradient on their rows).
+#[test]
+fn loss_op_equals_the_generic_path_on_the_cpu() {
+    let (batch, seq, vocab, pad) = (3, 5, 11, 0);
+    let logits = values(batch * seq * vocab, 17);
+    let targets: Vec<i64> = vec![4, 2, 9, 1, 10, 3, 3, 7, 0, 0, 5, 0, 0, 0, 0];
+    for (eps, mass) in [0.0, 0.1, 0.3]
+        .into_iter()
+        .flat_map(|eps| MASSES.map(|mass| (eps, mass)))
+    {
+        let shape = [batch, seq, vocab];
+        let what = format!("ndarray, ε={eps}, {mass:?}");
+        let results = op_and_generic::<B>(
+            &Default::default(),
+            &logits,
+            &targets,
+            shape,
+            (pad, eps, mass),
+        );
+        assert_op_equals_generic(results, &targets, vocab, pad, &what);
+        let what = format!("flex, ε={eps}, {mass:?}");
+        let results = op_and_generic::<Flex>(
+            &Default::default(),
+            &logits,
+            &targets,
+            shape,
+            (pad, eps, mass),
+        );
+        assert_op_equals_generic(results, &targets, vocab, pad, &what);
+    }
+}
+
+/// The same on wgpu (`Autodiff` over the unfused wgpu backend, lavapipe here), once per mass.
+#[test]
+fn loss_op_equals_the_generic_path_on_wgpu() {
+    let (device, _) = crate::long_inputs::wgpu_device();
+    let (batch, seq, vocab, pad) = (2, 3, 37, 1);
+    let logits = values(batch * seq * vocab, 19);
+    let targets: Vec<i64> = vec![4, 1, 9, 30, 1, 1];
+    for mass in MASSES {
+        let results = op_and_generic::<crate::long_inputs::WgpuUnfused>(
+            &device,
+            &logits,
+            &targets,
+            [batch, seq, vocab],
+            (pad, 0.1, mass),
+        );
+        assert_op_equals_generic(results, &targets, vocab, pad, &format!("wgpu, {mass:?}"));
+    }
+}
+
+/// The one-node loss's gradient equals central finite differences of the loss in f64
+/// (`Autodiff<NdArray<f64>>`, h = 1e-6, every entry of a 2 × 3 × 5 input; the loss is smooth,
+/// so the differences are within ~1e-9), both masses, one padded target.
+#[test]
+fn loss_op_gradient_equals_finite_differences() {
+    type F = NdArray<f64>;
+    let device: burn::backend::ndarray::NdArrayDevice = Default::default();
+    let (batch, seq, vocab, pad) = (2, 3, 5, 0);
+    let logits: Vec<f64> = values(batch * seq * vocab, 23)
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let targets: Vec<i64> = vec![3, 1, 4, 2, 0, 0];
+    for mass in MASSES {
+        let loss = LabelSmoothedCrossEntropyConfig::new(pad)
+            .with_epsilon(0.1)
+            .with_mass(mass)
+            .init()
+            .unwrap();
+        let ids = || {
+            Tensor::<Autodiff<F>, 2, Int>::from_data(
+                TensorData::new(targets.clone(), [batch, seq]),
+                &device,
+            )
+        };
+        let value = |x: Vec<f64>| {
+            let x = Tensor::<Autodiff<F>, 3>::from_data(
+                TensorData::new(x, [batch, seq, vocab]),
+                (&device, DType::F64),
+            );
+            loss.forward_autodiff(x, ids())
+                .loss
+                .into_scalar()
+                .elem::<f64>()
+        };
+        let leaf = Tensor::<Autodiff<F>, 3>::from_data(
+            TensorData::new(logits.clone(), [batch, seq, vocab]),
+            (&device, DType::F64),
+        )
+        .require_grad();
+        let out = loss.forward_autodiff(leaf.clone(), ids());
+        let grad = leaf.grad(&out.loss.backward()).unwrap().into_data();
+        assert_eq!(grad.dtype, DType::F64, "{mass:?}: an f64 gradient");
+        let grad = grad.to_vec::<f64>().unwrap();
+        let h = 1e-6;
+        for (i, &g) in grad.iter().enumerate() {
+            let (mut up, mut down) = (logits.clone(), logits.clone());
+            up[i] += h;
+            down[i] -= h;
+            let fd = (value(up) - value(down)) / (2.0 * h);
+            assert!((g - fd).abs() <= 1e-8, "{mass:?}, entry {i}: {g} vs {fd}");
+        }
     }
 }

@@ -135,7 +135,10 @@ fn encoder_only_padding_pooling_and_heads() {
         0.0,
         "cls pool",
     );
-    assert_eq!(model.mlm_logits(hidden.clone()).dims(), [2, 7, VOCAB]);
+    assert_eq!(
+        model.mlm_logits(hidden.clone()).unwrap().dims(),
+        [2, 7, VOCAB]
+    );
     assert_eq!(model.classify(hidden).dims(), [2, 3]);
 }
 

@@ -6,8 +6,9 @@ use xfmr_models::DecoderOnlyConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
 };
+use crate::ladder::{record_shape, BatchShape};
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -77,11 +78,16 @@ impl Objective for CausalLm {
         example.len() + 1
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        position_limit(&self.model.layer.positions, self.model.max_len)
+    }
+
     fn loss<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Vec<u32>],
         _draws: &[u64],
+        shape: Option<BatchShape>,
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
         let inputs: Vec<Vec<u32>> = batch
@@ -93,16 +99,18 @@ impl Objective for CausalLm {
             .map(|e| framed(None, e, Some(self.eos_id)))
             .collect();
         let pad = self.model.pad_id;
-        let logits = model.forward(padded(&inputs, pad, device))?;
+        let input_tokens = inputs.iter().map(Vec::len).sum();
+        // A filler row reads the start token and predicts nothing.
+        let ids = padded(inputs, pad, &[self.bos_id], shape, device);
+        let [rows, len] = ids.dims();
+        record_shape("lm", [rows, len, len]);
+        let logits = model.forward(ids)?;
         let loss = smoothed_loss(
             logits,
-            padded(&outputs, pad, device),
+            padded(outputs, pad, &[], shape, device),
             pad,
             self.label_smoothing,
         )?;
-        Ok(BatchLoss {
-            loss,
-            input_tokens: inputs.iter().map(Vec::len).sum(),
-        })
+        Ok(BatchLoss { loss, input_tokens })
     }
 }

@@ -8,9 +8,10 @@ use xfmr_models::EncoderOnlyConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
 };
 use crate::data::SplitMix64;
+use crate::ladder::{record_shape, BatchShape};
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -187,11 +188,16 @@ impl Objective for MaskedLm {
         mask_tokens(self, example, draw).chosen.len()
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        position_limit(&self.model.layer.positions, self.model.max_len)
+    }
+
     fn loss<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Vec<u32>],
         draws: &[u64],
+        shape: Option<BatchShape>,
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
         let pad = self.model.pad_id;
@@ -206,18 +212,20 @@ impl Objective for MaskedLm {
             inputs.push(input);
             targets.push(target);
         }
-        let ids = padded::<B>(&inputs, self.model.pad_id, device);
+        let input_tokens = inputs.iter().map(Vec::len).sum();
+        // A filler row reads the framing of an empty sequence and predicts nothing.
+        let filler = [self.bos_id, self.eos_id];
+        let ids = padded::<B>(inputs, pad, &filler, shape, device);
+        let [rows, len] = ids.dims();
+        record_shape("mlm", [rows, len, len]);
         let mask = model.padding_mask(ids.clone());
         let hidden = model.forward(ids, None, Some(&mask))?;
         let loss = smoothed_loss(
-            model.mlm_logits(hidden),
-            padded(&targets, self.model.pad_id, device),
-            self.model.pad_id,
+            model.mlm_logits(hidden)?,
+            padded(targets, pad, &[], shape, device),
+            pad,
             self.label_smoothing,
         )?;
-        Ok(BatchLoss {
-            loss,
-            input_tokens: inputs.iter().map(Vec::len).sum(),
-        })
+        Ok(BatchLoss { loss, input_tokens })
     }
 }

@@ -26,6 +26,7 @@ use serde::Serialize;
 use xfmr_models::checkpoint::ModelConfig;
 use xfmr_models::{LabelSmoothedCrossEntropyConfig, SmoothedLoss};
 
+use crate::ladder::{fill, BatchShape};
 use crate::TrainError;
 
 mod lm;
@@ -75,7 +76,17 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
     /// count [`Objective::loss`] reports for it).
     fn targets(&self, example: &Self::Example, draw: u64) -> usize;
 
-    /// The loss of `model` on `batch` (one draw per example, see the module docs).
+    /// The longest sequence the model's positions hold (a learned table's rows; `None`: no
+    /// bound), which caps a [`LengthLadder`](crate::ladder::LengthLadder)'s padded length.
+    /// Default: `None`.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
+    /// The loss of `model` on `batch` (one draw per example, see the module docs), padded to
+    /// `shape` (every sequence to `shape.len` tokens, and rows that predict nothing up to
+    /// `shape.rows`; see [`crate::ladder`]) or, with `None`, to the batch's longest sequence.
+    /// Padding does not change the loss.
     ///
     /// # Errors
     /// A sequence longer than a learned position table.
@@ -84,6 +95,7 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
         model: &ModelOf<Self, B>,
         batch: &[&Self::Example],
         draws: &[u64],
+        shape: Option<BatchShape>,
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError>;
 }
@@ -179,6 +191,14 @@ pub(crate) fn check_length(
     }
 }
 
+/// The rows a learned position table of `max_len` bounds (see [`Objective::max_positions`]).
+pub(crate) fn position_limit(
+    positions: &xfmr_blocks::PositionEncoding,
+    max_len: usize,
+) -> Option<usize> {
+    matches!(positions, xfmr_blocks::PositionEncoding::Learned).then_some(max_len)
+}
+
 /// Checks a label smoothing ε.
 pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
     if (0.0..1.0).contains(&epsilon) {
@@ -205,11 +225,15 @@ pub fn framed(start: Option<u32>, ids: &[u32], end: Option<u32>) -> Vec<u32> {
 }
 
 /// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor
-/// ([`xfmr_models::padded_ids`]).
+/// ([`xfmr_models::padded_ids`]); with a `shape`, first padded to `shape.len` tokens and
+/// completed with `filler` rows up to `shape.rows` (see [`crate::ladder`]).
 pub(crate) fn padded<B: Backend>(
-    rows: &[Vec<u32>],
+    mut rows: Vec<Vec<u32>>,
     pad: u32,
+    filler: &[u32],
+    shape: Option<BatchShape>,
     device: &B::Device,
 ) -> Tensor<B, 2, Int> {
-    xfmr_models::padded_ids(rows, pad, xfmr_models::PadSide::Right, device)
+    fill(&mut rows, pad, filler, shape);
+    xfmr_models::padded_ids(&rows, pad, xfmr_models::PadSide::Right, device)
 }

@@ -7,8 +7,9 @@ use xfmr_models::TransformerConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
 };
+use crate::ladder::{record_shape, BatchShape};
 use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
@@ -37,11 +38,29 @@ pub struct TranslationBatch<B: Backend> {
 }
 
 impl<B: Backend> TranslationBatch<B> {
-    /// Pads `examples` into one batch with the given special ids.
+    /// Pads `examples` into one batch with the given special ids, each side to its longest
+    /// sequence.
     ///
     /// # Panics
     /// If `examples` is empty.
     pub fn new(examples: &[&Example], pad: u32, bos: u32, eos: u32, device: &B::Device) -> Self {
+        Self::with_shape(examples, pad, bos, eos, None, device)
+    }
+
+    /// [`TranslationBatch::new`], both sides padded to `shape.len` tokens and completed up to
+    /// `shape.rows` rows by filler pairs (an empty source and target: the end token read, the
+    /// start token fed, nothing predicted); with `None`, as `new`.
+    ///
+    /// # Panics
+    /// If `examples` is empty.
+    pub fn with_shape(
+        examples: &[&Example],
+        pad: u32,
+        bos: u32,
+        eos: u32,
+        shape: Option<BatchShape>,
+        device: &B::Device,
+    ) -> Self {
         assert!(!examples.is_empty(), "TranslationBatch::new: no examples");
         let rows =
             |f: &dyn Fn(&Example) -> Vec<u32>| examples.iter().map(|e| f(e)).collect::<Vec<_>>();
@@ -49,9 +68,9 @@ impl<B: Backend> TranslationBatch<B> {
         let tgt_in = rows(&|e| framed(Some(bos), &e.tgt, None));
         let tgt_out = rows(&|e| framed(None, &e.tgt, Some(eos)));
         Self {
-            src: padded(&src, pad, device),
-            tgt_in: padded(&tgt_in, pad, device),
-            tgt_out: padded(&tgt_out, pad, device),
+            src: padded(src, pad, &[eos], shape, device),
+            tgt_in: padded(tgt_in, pad, &[bos], shape, device),
+            tgt_out: padded(tgt_out, pad, &[], shape, device),
             src_tokens: examples.iter().map(|e| e.src.len() + 1).sum(),
             tgt_tokens: examples.iter().map(|e| e.tgt.len() + 1).sum(),
         }
@@ -125,15 +144,22 @@ impl Objective for Translation {
         example.tgt.len() + 1
     }
 
+    fn max_positions(&self) -> Option<usize> {
+        position_limit(&self.model.layer.positions, self.model.max_len)
+    }
+
     fn loss<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Example],
         _draws: &[u64],
+        shape: Option<BatchShape>,
         device: &B::Device,
     ) -> Result<BatchLoss<B>, TrainError> {
-        let batch =
-            TranslationBatch::<B>::new(batch, self.model.pad_id, self.bos_id, self.eos_id, device);
+        let (pad, bos, eos) = (self.model.pad_id, self.bos_id, self.eos_id);
+        let batch = TranslationBatch::<B>::with_shape(batch, pad, bos, eos, shape, device);
+        let ([rows, src], [_, tgt]) = (batch.src.dims(), batch.tgt_in.dims());
+        record_shape("translation", [rows, src, tgt]);
         let logits = model.forward(batch.src, batch.tgt_in)?;
         let loss = smoothed_loss(
             logits,

@@ -7,16 +7,47 @@ use burn::tensor::ElementConversion;
 
 use super::{TrainConfig, TrainError};
 use crate::data::{token_batches, SplitMix64};
+use crate::ladder::BatchShape;
 use crate::objective::{ModelOf, Objective};
 
-/// Token-count batches of `examples` by the objective's padded lengths.
+/// Token-count batches of `examples` by the objective's padded lengths
+/// ([`token_batches`]), or on `config.ladder` ([`LengthLadder::batches`](crate::ladder::LengthLadder::batches)).
 pub(crate) fn batches_of<O: Objective>(
     objective: &O,
     examples: &[O::Example],
-    max_tokens: usize,
+    config: &TrainConfig,
 ) -> Vec<Vec<usize>> {
     let lengths: Vec<(usize, usize)> = examples.iter().map(|e| objective.lengths(e)).collect();
-    token_batches(&lengths, max_tokens)
+    match config.ladder {
+        Some(ladder) => ladder.batches(&lengths, config.max_tokens, objective.max_positions()),
+        None => token_batches(&lengths, config.max_tokens),
+    }
+}
+
+/// The shape micro-batch `indices` is padded to on `config.ladder` (`None` without one), for
+/// one of `replicas` data-parallel replicas: each pads its share of the rows to
+/// `⌈rows / replicas⌉`, so that every replica meets the same shapes.
+pub(crate) fn shape_of<O: Objective>(
+    objective: &O,
+    examples: &[O::Example],
+    config: &TrainConfig,
+    indices: &[usize],
+    replicas: usize,
+) -> Option<BatchShape> {
+    let ladder = config.ladder?;
+    let longest = indices
+        .iter()
+        .map(|&i| {
+            let (input, output) = objective.lengths(&examples[i]);
+            input.max(output)
+        })
+        .max()
+        .unwrap_or(0);
+    let shape = ladder.shape(longest, config.max_tokens, objective.max_positions());
+    Some(BatchShape {
+        rows: shape.rows.div_ceil(replicas.max(1)),
+        ..shape
+    })
 }
 
 /// The draw of example `index` at step `step` of a run seeded `seed` (see
@@ -53,7 +84,7 @@ impl EvalLoss {
 
 /// The loss of `model` on `examples` under `objective` (inference mode: call it on
 /// [`AutodiffModule::valid`](burn::module::AutodiffModule::valid) of the trained model, or on a
-/// loaded one), batched by `config.max_tokens`; the objective's draws (masking) depend on
+/// loaded one), batched as training is (`config.max_tokens`, `config.ladder`); the objective's draws (masking) depend on
 /// `config.seed` and the example's index only, so every evaluation of a run scores the same
 /// task.
 ///
@@ -67,13 +98,14 @@ pub fn evaluate_loss<B: Backend, O: Objective>(
 ) -> Result<EvalLoss, TrainError> {
     let device = model.devices().into_iter().next().unwrap_or_default();
     let (mut loss, mut nll, mut tokens) = (0.0, 0.0, 0);
-    for indices in batches_of(objective, examples, config.max_tokens) {
+    for indices in batches_of(objective, examples, config) {
         let rows: Vec<&O::Example> = indices.iter().map(|&i| &examples[i]).collect();
         let draws: Vec<u64> = indices
             .iter()
             .map(|&i| draw(config.seed, VALIDATION_STEP, i))
             .collect();
-        let out = objective.loss(model, &rows, &draws, &device)?.loss;
+        let shape = shape_of(objective, examples, config, &indices, 1);
+        let out = objective.loss(model, &rows, &draws, shape, &device)?.loss;
         loss += out.loss.into_scalar().elem::<f64>() * out.tokens as f64;
         nll += out.nll.into_scalar().elem::<f64>() * out.tokens as f64;
         tokens += out.tokens;

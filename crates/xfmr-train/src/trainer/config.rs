@@ -3,6 +3,7 @@
 use burn::config::Config;
 
 use super::TrainError;
+use crate::ladder::LengthLadder;
 
 /// How to train, whatever the objective: batches, optimiser, seed, the run's budget and its
 /// cadence. Defaults are the paper's where it gives one (§5.2–5.4). The model and what it
@@ -20,6 +21,13 @@ pub struct TrainConfig {
     /// tokens per step over 8 GPUs; `max_tokens × accumulate` is the equivalent here.
     #[config(default = 4096)]
     pub max_tokens: usize,
+    /// Pad batches to a ladder of lengths and row counts, so that a run meets a few batch
+    /// shapes (GPU backends compile kernels per shape; [`crate::ladder`]); `None`: each
+    /// micro-batch padded to its longest sequence. Part of the recipe (it decides the batches):
+    /// a resumed run keeps its checkpoint's, and a configuration written before this field
+    /// existed reads as `None`. `xfmr train` turns it on for wgpu and CUDA.
+    #[config(default = "None")]
+    pub ladder: Option<LengthLadder>,
     /// Micro-batches whose gradients are summed (burn's `GradientsAccumulator`, each weighted by
     /// its share of the step's predicted tokens) before one optimiser step.
     #[config(default = 1)]
@@ -122,6 +130,9 @@ impl TrainConfig {
         positive("eval_every", self.eval_every)?;
         positive("checkpoint_every", self.checkpoint_every)?;
         positive("average", self.average)?;
+        if let Some(ladder) = self.ladder {
+            positive("ladder.min_len", ladder.min_len)?;
+        }
         if self.keep_checkpoints < self.average {
             return Err(TrainError::InvalidConfig {
                 field: "keep_checkpoints",

@@ -58,7 +58,7 @@ mod optim;
 mod run;
 mod store;
 
-use batch::{batches_of, draw};
+use batch::{batches_of, draw, shape_of};
 pub use batch::{evaluate_loss, EvalLoss};
 pub use config::{Decay, TrainConfig};
 pub use error::TrainError;
@@ -277,7 +277,7 @@ where
                 problem,
             });
         }
-        let batches = batches_of(&objective, &examples, config.max_tokens);
+        let batches = batches_of(&objective, &examples, &config);
         let schedule = noam_schedule(config.lr_factor, objective.d_model(), config.warmup)
             .map_err(|problem| TrainError::InvalidConfig {
                 field: "warmup",
@@ -333,6 +333,31 @@ where
     /// Micro-batches per epoch.
     pub fn batches_per_epoch(&self) -> usize {
         self.batches.len()
+    }
+
+    /// The distinct padded shapes of an epoch's micro-batches, `[rows, input, output]` tokens
+    /// (the whole micro-batch, before a data-parallel split): one per rung on a
+    /// [`LengthLadder`](crate::ladder::LengthLadder), about one per batch without.
+    pub fn batch_shapes(&self) -> Vec<[usize; 3]> {
+        let o = &self.objective;
+        let mut shapes: Vec<[usize; 3]> = (self.batches.iter())
+            .map(|b| match shape_of(o, &self.examples, &self.config, b, 1) {
+                Some(s) => [s.rows, s.len, s.len],
+                None => {
+                    let side = |f: fn((usize, usize)) -> usize| {
+                        b.iter().map(|&i| f(o.lengths(&self.examples[i]))).max()
+                    };
+                    [
+                        b.len(),
+                        side(|l| l.0).unwrap_or(0),
+                        side(|l| l.1).unwrap_or(0),
+                    ]
+                }
+            })
+            .collect();
+        shapes.sort_unstable();
+        shapes.dedup();
+        shapes
     }
 
     /// The model being trained (with dropout active; [`Trainer::inference_model`] gives the
@@ -408,7 +433,18 @@ where
         B::seed(&self.device, step_seed(seed, before.step));
         let mut accumulator = GradientsAccumulator::<ModelOf<O, B>>::new();
         let (mut loss, mut nll, mut input_tokens) = (0.0, 0.0, 0.0);
+        let replicas = self
+            .data_parallel
+            .as_ref()
+            .map_or(1, |r| r.replicas() as usize);
         for indices in &picked {
+            let shape = shape_of(
+                &self.objective,
+                &self.examples,
+                &self.config,
+                indices,
+                replicas,
+            );
             // Data-parallel: this replica's rows. A replica left without rows still runs one row
             // at weight 0, so that every replica brings gradients (zeros) for every parameter.
             let (rows, scale) = match &self.data_parallel {
@@ -420,12 +456,10 @@ where
             };
             let model = self.model();
             let batch: Vec<&O::Example> = rows.iter().map(|&i| &self.examples[i]).collect();
-            let out = self.objective.loss(
-                model,
-                &batch,
-                &draws(&rows, self.config.seed),
-                &self.device,
-            )?;
+            let draws = draws(&rows, self.config.seed);
+            let out = self
+                .objective
+                .loss(model, &batch, &draws, shape, &self.device)?;
             input_tokens += out.input_tokens as f64 * scale;
             let weight = scale * out.loss.tokens as f64 / total.max(1) as f64;
             let weighted = out.loss.loss.mul_scalar(weight);

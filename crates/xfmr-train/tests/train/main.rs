@@ -1,6 +1,7 @@
 //! Tests of xfmr-train: metrics against sacreBLEU, the loss and schedule against their formulas,
 //! the training loop's resume, checkpoints and averaging, data-parallel membership.
 
+mod bucketed;
 mod data;
 mod decoding;
 mod distributed;

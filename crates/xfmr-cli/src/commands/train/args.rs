@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use xfmr_train::spec::DEFAULT_VOCAB_SIZE;
-use xfmr_train::{Preset, RunSpec, SubwordTokenizer, Task, TrainConfig};
+use xfmr_train::{LengthLadder, Preset, RunSpec, SubwordTokenizer, Task, TrainConfig};
 
 use crate::backend::BackendArg;
 use crate::runs::finite;
@@ -114,6 +114,15 @@ pub struct Args {
     /// 0.3-1.2 more test BLEU in each of nine runs (docs/training.md).
     #[arg(long, value_parser = finite)]
     pub length_penalty: Option<f64>,
+    /// Pad batches to a ladder of sequence lengths (16, 24, 32, 48, 64, 96, 128, … tokens),
+    /// each with one row count (`max-tokens / length`), so that training, validation and the
+    /// test evaluation's source batches meet a few shapes: the GPU backends compile and
+    /// autotune kernels for every new shape (xfmr_train::ladder). `auto`: on for wgpu and cuda,
+    /// off for the CPU backends (nothing to compile there; the padding would cost time). Part
+    /// of the recipe: a resumed run keeps its checkpoint's batches; the evaluation follows the
+    /// flag.
+    #[arg(long, value_enum, default_value_t = LadderArg::Auto)]
+    pub length_ladder: LadderArg,
     /// Metrics file format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub metrics: Format,
@@ -129,6 +138,27 @@ pub enum DecayArg {
     InverseSqrt,
     /// Linear to zero at the end of the budget ([`xfmr_train::Decay::Linear`]).
     Linear,
+}
+
+/// `--length-ladder`.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum LadderArg {
+    /// On for the GPU backends (wgpu, cuda), off for the CPU ones.
+    Auto,
+    /// Batches padded to the ladder ([`xfmr_train::LengthLadder::default`]).
+    On,
+    /// Each batch padded to its longest sequence.
+    Off,
+}
+
+impl LadderArg {
+    /// The ladder on a backend (`cpu`: ndarray, flex), if any.
+    pub fn ladder(self, cpu: bool) -> Option<LengthLadder> {
+        match (self, cpu) {
+            (Self::On, _) | (Self::Auto, false) => Some(LengthLadder::default()),
+            (Self::Off, _) | (Self::Auto, true) => None,
+        }
+    }
 }
 
 /// Metrics file format.
@@ -221,8 +251,9 @@ impl Args {
         }
     }
 
-    /// The training configuration of the flags, on the preset's schedule for `--task`.
-    fn train_config(&self) -> Result<TrainConfig> {
+    /// The training configuration of the flags, on the preset's schedule for `--task`, on a
+    /// CPU backend or not (`cpu`, which decides `--length-ladder auto`).
+    fn train_config(&self, cpu: bool) -> Result<TrainConfig> {
         if self.steps.is_none() && self.minutes == 0.0 {
             bail!("--minutes 0 without --steps: the run would have no end");
         }
@@ -232,6 +263,7 @@ impl Args {
             .with_steps(self.steps.unwrap_or(usize::MAX))
             .with_minutes((self.minutes != 0.0).then_some(self.minutes))
             .with_max_tokens(self.max_tokens)
+            .with_ladder(self.length_ladder.ladder(cpu))
             .with_accumulate(self.accumulate)
             .with_warmup(self.warmup.unwrap_or(defaults.warmup))
             .with_lr_factor(self.lr_factor.unwrap_or(defaults.lr_factor))
@@ -247,8 +279,9 @@ impl Args {
     }
 
     /// The run's specification over `tokenizer`'s vocabulary: `--config`'s, else the task's
-    /// objective on the preset's model with the flags' training configuration.
-    pub fn spec(&self, tokenizer: &SubwordTokenizer) -> Result<RunSpec> {
+    /// objective on the preset's model with the flags' training configuration (`cpu`: on a
+    /// CPU backend).
+    pub fn spec(&self, tokenizer: &SubwordTokenizer, cpu: bool) -> Result<RunSpec> {
         Ok(match &self.config {
             Some(path) => RunSpec::read(path)?.with_vocabulary(tokenizer)?,
             None => Preset::from(self.preset).spec(
@@ -256,7 +289,7 @@ impl Args {
                 tokenizer,
                 self.dropout,
                 self.max_len,
-                self.train_config()?,
+                self.train_config(cpu)?,
             )?,
         })
     }

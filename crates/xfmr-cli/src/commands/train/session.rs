@@ -5,6 +5,7 @@
 use anyhow::{bail, Result};
 use xfmr::burn::module::AutodiffModule;
 use xfmr::burn::tensor::backend::AutodiffBackend;
+use xfmr_train::kernel_cache::KernelCache;
 use xfmr_train::objective::ModelOf;
 use xfmr_train::trainer::{MetricKind, Stop};
 use xfmr_train::{
@@ -75,6 +76,15 @@ impl Session<'_> {
         } else if local.devices.len() > 1 {
             eprintln!("{} replicas on {:?}", local.devices.len(), local.devices);
         }
+        if !self.cpu {
+            match crate::backend::kernel_cache() {
+                KernelCache::Set(dir) => eprintln!("kernel cache: {}", dir.display()),
+                KernelCache::UserConfig(file) => {
+                    eprintln!("kernel cache: as {} says", file.display())
+                }
+                KernelCache::AlreadySet => {}
+            }
+        }
         let trainers =
             xfmr_train::open_replicas::<B, O>(out, &objective, &config, &examples, &local.devices)?;
         let first = &trainers[0];
@@ -88,10 +98,15 @@ impl Session<'_> {
             );
         }
         eprintln!(
-            "{} training examples ({} micro-batches per epoch), {} validation, vocabulary {}, \
-             {} parameters, steps {start}→{}{}",
+            "{} training examples ({} micro-batches per epoch, {} shapes{}), {} validation, \
+             vocabulary {}, {} parameters, steps {start}→{}{}",
             first.num_examples(),
             first.batches_per_epoch(),
+            first.batch_shapes().len(),
+            match first.config().ladder {
+                Some(l) => format!(" on a length ladder from {}", l.min_len),
+                None => String::new(),
+            },
             valid.len(),
             self.tokenizer.vocab_size(),
             xfmr::burn::module::Module::num_params(first.model()),

@@ -18,7 +18,7 @@ use xfmr_train::tokenizer::MASK;
 use xfmr_train::translate::{
     choose_length_penalty, score, score_by_source_length, DecodingChoice, LENGTH_PENALTIES,
 };
-use xfmr_train::{RunDir, SubwordTokenizer, Task};
+use xfmr_train::{RunDir, SourceBatches, SubwordTokenizer, Task};
 
 use crate::runs::load_run;
 use crate::translation::{
@@ -32,7 +32,8 @@ const LENGTH_PENALTY_PAIRS: usize = 500;
 /// The end of a translation run with test sentences: chooses beam search's length penalty on
 /// (the first 500 pairs of) `valid` unless `given`, and records it in the run
 /// (`decoding.json`; a given one too); then greedy and beam BLEU/chrF on `test` and a few
-/// translations, and the attention maps of a short test sentence. With no test sentences it
+/// translations, and the attention maps of a short test sentence. Every search reads its
+/// sources in `batches` (on a length ladder on the GPU backends: [`xfmr_train::ladder`]). With no test sentences it
 /// does none of this, and, like a run without validation pairs or with greedy search only,
 /// keeps no `decoding.json` of an earlier model.
 pub(super) fn translation<B: Backend>(
@@ -42,6 +43,7 @@ pub(super) fn translation<B: Backend>(
     test: &[Pair],
     beam: usize,
     given: Option<f64>,
+    batches: SourceBatches,
 ) -> Result<()> {
     let paper = BeamOptions::default().length_penalty;
     let root = run.root();
@@ -76,6 +78,7 @@ pub(super) fn translation<B: Backend>(
                 beam,
                 &LENGTH_PENALTIES,
                 MAX_TRANSLATION_TOKENS,
+                batches,
             )?;
             let tried: Vec<String> = choice
                 .tried
@@ -94,7 +97,7 @@ pub(super) fn translation<B: Backend>(
             choice.length_penalty
         }
     };
-    evaluate(&model, tokenizer, test, beam, alpha, run)?;
+    evaluate(&model, tokenizer, test, beam, alpha, run, batches)?;
     if let Some(sample) = test.iter().find(|p| p.src.split_whitespace().count() <= 10) {
         let dir = run.attention_dir();
         let files = attention_maps(&model, tokenizer, &sample.src, &dir)?;
@@ -109,7 +112,7 @@ pub(super) fn translation<B: Backend>(
 
 /// Greedy and beam (length penalty `alpha`) BLEU/chrF on `test`, overall and by source length,
 /// hypotheses and scores written into the run (`test.greedy.txt`, `test.beam.txt`,
-/// `results.json`), a few samples printed.
+/// `results.json`), a few samples printed; sources read in `batches`.
 fn evaluate<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
@@ -117,6 +120,7 @@ fn evaluate<B: Backend>(
     beam: usize,
     alpha: f64,
     run: &RunDir,
+    batches: SourceBatches,
 ) -> Result<()> {
     let sources: Vec<&str> = test.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = test.iter().map(|p| p.tgt.clone()).collect();
@@ -134,7 +138,7 @@ fn evaluate<B: Backend>(
         ),
     ] {
         let t = Instant::now();
-        let hyps = translate_texts(model, tokenizer, &sources, strategy)?;
+        let hyps = translate_texts(model, tokenizer, &sources, strategy, batches)?;
         let scores = score(&hyps, &refs)?;
         let seconds = t.elapsed().as_secs_f64();
         let label = match name {
