@@ -97,6 +97,10 @@ pub enum ModelError {
         /// What failed.
         message: String,
     },
+    /// The work was stopped by its [`Cancel`](crate::generate::Cancel) token (its client went
+    /// away or its deadline passed) before it finished.
+    #[error("cancelled: the client went away or the deadline passed")]
+    Cancelled,
     /// Reading or writing a file failed.
     #[error("{path}: {message}")]
     Io {

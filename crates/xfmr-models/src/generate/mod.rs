@@ -20,8 +20,10 @@ use rand_chacha::ChaCha8Rng;
 use crate::{int_tensor, ModelError};
 
 mod beam;
+mod cancel;
 mod options;
 
+pub use cancel::{Cancel, CancelOnDrop};
 pub use options::{BeamOptions, GenerationOptions, SampleOptions, Strategy};
 
 /// One decoding step's output.

@@ -1,5 +1,6 @@
 //! What to generate and how: the search strategy and its options.
 
+use super::Cancel;
 use serde::{Deserialize, Serialize};
 
 use crate::ModelError;
@@ -77,6 +78,10 @@ pub struct GenerationOptions {
     pub strategy: Strategy,
     /// Also return the cross-attention over the source for each generated token.
     pub return_attention: bool,
+    /// Stops the search between two decoding steps with [`ModelError::Cancelled`] once
+    /// cancelled (its client went away, its deadline passed). Not serialised.
+    #[serde(skip)]
+    pub cancel: Option<Cancel>,
 }
 
 impl GenerationOptions {
@@ -89,6 +94,7 @@ impl GenerationOptions {
             pad_id,
             strategy: Strategy::Greedy,
             return_attention: false,
+            cancel: None,
         }
     }
 
@@ -101,6 +107,12 @@ impl GenerationOptions {
     /// With a minimum length.
     pub fn with_min_len(mut self, min_len: usize) -> Self {
         self.min_len = min_len;
+        self
+    }
+
+    /// Stopped by `cancel` ([`GenerationOptions::cancel`]).
+    pub fn with_cancel(mut self, cancel: Cancel) -> Self {
+        self.cancel = Some(cancel);
         self
     }
 
