@@ -30,8 +30,12 @@ pub(crate) use xfmr_testing::tiny_gguf as tiny;
 
 use std::time::Duration;
 
+/// The counting allocator of [`alloc`], inside xfmr-llm's memory budget for chat templates
+/// (as the `xfmr` binary installs it): a template that doubles a string is a typed error, not
+/// a refused allocation.
 #[global_allocator]
-static ALLOCATOR: alloc::Bounded = alloc::Bounded;
+static ALLOCATOR: xfmr_llm::budget::BudgetAllocator<alloc::Bounded> =
+    xfmr_llm::budget::BudgetAllocator::new(alloc::Bounded);
 
 /// One fuzz target: its name (the directory of its corpus, the name of its libFuzzer binary
 /// without `fuzz_`) and its body.
@@ -74,7 +78,7 @@ pub const TARGETS: &[Target] = &[
     },
     Target {
         name: "chat_template",
-        about: "GgufTokenizer::render_chat with an arbitrary chat template and messages",
+        about: "GgufTokenizer::render_chat and encode_chat with an arbitrary chat template and messages, under the template's memory and output limits",
         run: targets::chat_template::run,
         max_len: 1 << 12,
         seeds: targets::chat_template::seeds,
@@ -99,6 +103,13 @@ pub const TARGETS: &[Target] = &[
         run: targets::checkpoint::run,
         max_len: 1 << 15,
         seeds: targets::checkpoint::seeds,
+    },
+    Target {
+        name: "model_config",
+        about: "checkpoint::load of each model family from an arbitrary config.json over a fixed small checkpoint (size bounds, saved shapes against the configuration)",
+        run: targets::model_config::run,
+        max_len: 1 << 12,
+        seeds: targets::model_config::seeds,
     },
     Target {
         name: "tokenizer_json",

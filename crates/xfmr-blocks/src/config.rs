@@ -59,6 +59,50 @@ pub struct LayerConfig {
 }
 
 impl LayerConfig {
+    /// Checks every size of the layer against its bound ([`crate::limits`]) before anything
+    /// is allocated: `d_model` and `n_heads` positive, `d_model` ≤
+    /// [`MAX_D_MODEL`](crate::limits::MAX_D_MODEL), `d_ff` positive and ≤
+    /// [`MAX_D_FF`](crate::limits::MAX_D_FF), `n_heads` and `n_kv_heads` at most `d_model`.
+    /// The building methods check the rest (divisibility, dropout, ε) as they build.
+    ///
+    /// # Errors
+    /// [`BlockError::InvalidConfig`] naming the first field out of its range (`d_model`,
+    /// `d_ff`, `n_heads`, `n_kv_heads`) and its value.
+    pub fn validate(&self) -> Result<(), BlockError> {
+        use crate::limits::{MAX_D_FF, MAX_D_MODEL};
+        InvalidConfig::positive("d_model", self.d_model)?;
+        InvalidConfig::check(
+            self.d_model <= MAX_D_MODEL,
+            "d_model",
+            self.d_model,
+            "at most 65536 (xfmr_blocks::limits::MAX_D_MODEL)",
+        )?;
+        InvalidConfig::positive("d_ff", self.d_ff)?;
+        InvalidConfig::check(
+            self.d_ff <= MAX_D_FF,
+            "d_ff",
+            self.d_ff,
+            "at most 262144 (xfmr_blocks::limits::MAX_D_FF)",
+        )?;
+        InvalidConfig::positive("n_heads", self.n_heads)?;
+        InvalidConfig::check(
+            self.n_heads <= self.d_model,
+            "n_heads",
+            self.n_heads,
+            "at most d_model (a head is at least one feature wide)",
+        )?;
+        if let Some(kv) = self.n_kv_heads {
+            InvalidConfig::positive("n_kv_heads", kv)?;
+            InvalidConfig::check(
+                kv <= self.n_heads,
+                "n_kv_heads",
+                kv,
+                "at most n_heads (each key/value head serves whole query heads)",
+            )?;
+        }
+        Ok(())
+    }
+
     /// Width of one head, `d_k = d_model / n_heads`.
     pub fn d_k(&self) -> usize {
         self.d_model / self.n_heads.max(1)
@@ -126,8 +170,25 @@ pub struct StackConfig {
 }
 
 impl StackConfig {
-    fn checked<B: Backend>(&self, device: &B::Device) -> Result<Option<Norm<B>>, BlockError> {
+    /// Checks the stack's sizes before anything is allocated: `n_layers` positive and at most
+    /// [`MAX_LAYERS`](crate::limits::MAX_LAYERS), and the layer's
+    /// ([`LayerConfig::validate`]).
+    ///
+    /// # Errors
+    /// [`BlockError::InvalidConfig`] naming the field and its value.
+    pub fn validate(&self) -> Result<(), BlockError> {
         InvalidConfig::positive("n_layers", self.n_layers)?;
+        InvalidConfig::check(
+            self.n_layers <= crate::limits::MAX_LAYERS,
+            "n_layers",
+            self.n_layers,
+            "at most 1024 (xfmr_blocks::limits::MAX_LAYERS)",
+        )?;
+        self.layer.validate()
+    }
+
+    fn checked<B: Backend>(&self, device: &B::Device) -> Result<Option<Norm<B>>, BlockError> {
+        self.validate()?;
         self.final_norm
             .then(|| self.layer.norm_config().init(device))
             .transpose()

@@ -9,7 +9,9 @@
 //! - [`Norm`]: LayerNorm or RMSNorm; [`NormPosition`]: post-norm (paper) or pre-norm.
 //! - [`LayerConfig`]: the one layer configuration every stack and model shares (widths, heads
 //!   and grouped key/value heads, dropout, activation, norm kind and placement, projection
-//!   biases, [`PositionEncoding`]); [`StackConfig`] builds the stacks from it.
+//!   biases, [`PositionEncoding`]); [`StackConfig`] builds the stacks from it. [`limits`]: the
+//!   largest sizes a configuration may ask for, checked by [`LayerConfig::validate`] before
+//!   anything is allocated.
 //! - [`Encoder`] (bidirectional, [`SelfAttentionLayer`]), [`Decoder`] (cross-attending,
 //!   [`DecoderLayer`]) and [`CausalDecoder`] (decoder-only: encoder layers under a look-ahead
 //!   mask), with residual dropout on each sublayer output before the add (§3.1). Inputs are
@@ -75,6 +77,7 @@ mod embedding;
 mod encoder;
 mod error;
 mod ffn;
+pub mod limits;
 mod norm;
 mod positions;
 mod torch;

@@ -6,7 +6,8 @@
 //! page-faults buffers it had a moment ago, and the kernel zeroes every page of them.
 //! [`keep_memory`] keeps the memory instead (the profiles before and after are in
 //! docs/benchmarks.md). The cost: the process keeps its peak footprint until it exits, which a
-//! training run reaches in its first steps anyway.
+//! training run reaches in its first steps anyway. `xfmr serve` does not call it: a server
+//! must return the memory a burst of requests took (docs/reliability.md, "Hostile clients").
 
 use libmimalloc_sys::{mi_option_set, mi_option_t};
 
@@ -17,7 +18,7 @@ const ARENA_EAGER_COMMIT: mi_option_t = 4;
 const PURGE_DELAY: mi_option_t = 15;
 
 /// Never return freed memory to the kernel, and commit arena memory when it is reserved.
-/// Call it first thing in `main`.
+/// Call it first thing in `main` (before the first allocation that should be kept).
 #[allow(unsafe_code)]
 pub fn keep_memory() {
     // SAFETY: `mi_option_set` stores an integer in mimalloc's option table (thread-safe, any

@@ -27,8 +27,12 @@ use clap::{Parser, Subcommand};
 /// The allocator of the `xfmr` program (see its entry in Cargo.toml): tensors' buffers are reused
 /// instead of being mapped fresh, page-faulted and unmapped for every operation
 /// ([`xfmr_cli::alloc`]).
+///
+/// Wrapped in [`xfmr_llm::budget::BudgetAllocator`], which gives a GGUF file's chat template a
+/// memory budget: a hostile template is an error, never an abort on a failed allocation.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: xfmr_llm::budget::BudgetAllocator<mimalloc::MiMalloc> =
+    xfmr_llm::budget::BudgetAllocator::new(mimalloc::MiMalloc);
 
 mod backend;
 mod commands;
@@ -90,8 +94,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    xfmr_cli::alloc::keep_memory();
-    let result = match Cli::parse().command {
+    let cli = Cli::parse();
+    // A server must give memory back after a burst of requests (issue 43); every other command
+    // is one job whose peak the process keeps until it exits anyway.
+    if !matches!(cli.command, Command::Serve(_)) {
+        xfmr_cli::alloc::keep_memory();
+    }
+    let result = match cli.command {
         Command::Train(args) => train::run(args),
         Command::Translate(args) => translate::run(args),
         Command::Eval(args) => eval::run(args),

@@ -5,11 +5,14 @@
 use std::fs;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer};
-use xfmr_train::translate::{translate_best, translation_attention, LengthBucket};
-use xfmr_train::{SourceBatches, SubwordTokenizer};
+use xfmr_train::translate::{
+    encode_sources, sacrebleu_line, translate_best, translation_attention, LengthBucket, Overlong,
+    SourceLimit,
+};
+use xfmr_train::{SourceBatches, SubwordTokenizer, TrainError};
 
 use crate::plot;
 
@@ -35,6 +38,48 @@ pub(crate) fn print_buckets(buckets: &[LengthBucket]) {
             b.scores.bleu.bp
         );
     }
+}
+
+/// The BLEU line as sacreBLEU prints it, indented under the command's summary line.
+pub(crate) fn print_bleu(bleu: &xfmr_train::metrics::BleuScore) {
+    println!("    {}", sacrebleu_line(bleu));
+}
+
+/// Encodes `sources` for `model` under its source limit ([`SourceLimit::of_model`]), truncating
+/// longer ones when `truncate` (and saying on stderr how many), else refusing the first with an
+/// error naming where it came from: `place(i)` names source `i` (`file:line`).
+pub(crate) fn encode_limited<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &SubwordTokenizer,
+    sources: &[&str],
+    truncate: bool,
+    place: impl Fn(usize) -> String,
+) -> Result<Vec<Vec<u32>>> {
+    let overlong = match truncate {
+        true => Overlong::Truncate,
+        false => Overlong::Refuse,
+    };
+    let limit = SourceLimit::of_model(model).with_overlong(overlong);
+    let encoded = match encode_sources(tokenizer, sources, limit) {
+        Ok(encoded) => encoded,
+        Err(e @ TrainError::SourceTooLong { index, .. }) => bail!(
+            "{}: {e}; `--truncate` keeps its first {} tokens instead",
+            place(index),
+            limit.max_tokens.saturating_sub(1)
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    if let Some(&first) = encoded.truncated.first() {
+        eprintln!(
+            "truncated {} of {} sources to the model's {} tokens (end token included), the \
+             first at {}",
+            encoded.truncated.len(),
+            sources.len(),
+            limit.max_tokens,
+            place(first)
+        );
+    }
+    Ok(encoded.ids)
 }
 
 /// Greedy for `beam ≤ 1`, else beam search (length penalty `alpha`) returning `n_best`

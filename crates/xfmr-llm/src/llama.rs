@@ -105,7 +105,11 @@ impl LlamaConfig {
         }
         let theta = gguf.opt_f64("llama.rope.freq_base")?.unwrap_or(10000.0);
         if let Some(v) = gguf.metadata.get("llama.rope.dimension_count") {
-            if n_heads == 0 || v.as_u64() != Some((d_model / n_heads) as u64) {
+            // Heads that do not split the width are `head_count`'s fault, named below
+            // (`check_against`), not the rotary width's.
+            let head_width = (n_heads != 0 && d_model.is_multiple_of(n_heads))
+                .then(|| (d_model / n_heads) as u64);
+            if head_width.is_some() && v.as_u64() != head_width {
                 return Err(GgufError::metadata(
                     "llama.rope.dimension_count",
                     format!("{v:?}: partial rotary embeddings are not supported"),

@@ -6,6 +6,12 @@
 //! writer, a truncated copy or a flipped byte is a [`ModelError::Checkpoint`] naming the file,
 //! never a half-loaded model.
 //!
+//! A checkpoint's configuration is outside data (the manifest catches damage, not a file
+//! written that way): loading checks its sizes against their bounds ([`crate::limits`]) and
+//! every saved tensor's shape against the one it implies ([`check_weights`]) before a
+//! parameter is allocated, so an edited `config.json` is a typed error naming the field or the
+//! tensor, never an abort or a panic.
+//!
 //! Callers that keep more in the same directory (the trainer: its optimiser state and progress)
 //! add their files with [`save_with`]; the manifest lists them and [`load`] checks them too.
 
@@ -22,9 +28,10 @@ use xfmr_io::IoError;
 
 pub use xfmr_io::MANIFEST_FILE;
 
+pub use crate::record_shapes::{module_shapes, saved_tensors, SavedTensor};
 use crate::{
-    DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError, Transformer,
-    TransformerConfig,
+    record_shapes, DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, ModelError,
+    Transformer, TransformerConfig,
 };
 
 /// File name of the configuration inside a checkpoint directory.
@@ -42,12 +49,25 @@ pub trait ModelConfig: Serialize + DeserializeOwned {
     /// # Errors
     /// An invalid configuration.
     fn init_model<B: Backend>(&self, device: &B::Device) -> Result<Self::Model<B>, ModelError>;
+
+    /// Checks the configuration's sizes against their bounds before anything is allocated
+    /// ([`crate::limits`]); loading calls it before it reads the weights. Default: nothing to
+    /// check (a configuration whose `init_model` allocates nothing by its sizes).
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidConfig`] naming the field out of its range.
+    fn validate(&self) -> Result<(), ModelError> {
+        Ok(())
+    }
 }
 
 impl ModelConfig for TransformerConfig {
     type Model<B: Backend> = Transformer<B>;
     fn init_model<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
         self.init(device)
+    }
+    fn validate(&self) -> Result<(), ModelError> {
+        TransformerConfig::validate(self)
     }
 }
 
@@ -56,12 +76,18 @@ impl ModelConfig for DecoderOnlyConfig {
     fn init_model<B: Backend>(&self, device: &B::Device) -> Result<DecoderOnly<B>, ModelError> {
         self.init(device)
     }
+    fn validate(&self) -> Result<(), ModelError> {
+        DecoderOnlyConfig::validate(self)
+    }
 }
 
 impl ModelConfig for EncoderOnlyConfig {
     type Model<B: Backend> = EncoderOnly<B>;
     fn init_model<B: Backend>(&self, device: &B::Device) -> Result<EncoderOnly<B>, ModelError> {
         self.init(device)
+    }
+    fn validate(&self) -> Result<(), ModelError> {
+        EncoderOnlyConfig::validate(self)
     }
 }
 
@@ -249,16 +275,99 @@ pub fn load_expecting<B: Backend, C: ModelConfig>(
     verify(dir)?.load_expecting(expected, device)
 }
 
+/// Loads the weights of `dir` into a model of `config`, in an order that allocates nothing a
+/// hostile configuration asks for: the configuration's sizes are checked against their bounds
+/// ([`ModelConfig::validate`]); the model is built with lazily initialised parameters (no
+/// parameter is allocated; a sinusoidal table is, within its bound); every tensor of the
+/// record is compared, by path and shape, with the one the model needs, from the record's
+/// MessagePack structure ([`check_weights`]); only then is the record decoded and loaded.
 fn load_weights<B: Backend, C: ModelConfig>(
     dir: &Path,
     config: &C,
     device: &B::Device,
 ) -> Result<C::Model<B>, ModelError> {
+    config.validate()?;
     let path = dir.join(WEIGHTS_FILE);
     let bytes = fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
+    let model = config.init_model::<B>(device)?;
+    check_weights::<B, _>(&model, &bytes, &path)?;
     let record = decode_record(bytes, device)
         .map_err(|e| ModelError::checkpoint(&path, format!("not a model record: {e}")))?;
-    Ok(config.init_model::<B>(device)?.load_record(record))
+    // The shapes agree, so burn's loader has no reason to panic (a `Vec` of another length,
+    // a tensor of another shape); a panic left in it is caught all the same, as a last
+    // resort, and reported as the file's.
+    std::panic::catch_unwind(AssertUnwindSafe(|| model.load_record(record))).map_err(|panic| {
+        ModelError::checkpoint(
+            &path,
+            format!(
+                "weights that do not fit the model ({})",
+                xfmr_io::panic_message(&*panic)
+            ),
+        )
+    })
+}
+
+/// Compares the tensors of a saved record (`bytes`, burn's named MessagePack as [`save`]
+/// writes it) with those `model` needs, by record path and shape, before the record is decoded:
+/// the model may be freshly built with lazily initialised parameters, which this does not
+/// allocate.
+///
+/// # Errors
+/// [`ModelError::WeightsMismatch`] naming the first tensor (its record path, e.g.
+/// `encoder.layers.3.ffn.linear1.weight`) whose saved shape differs from the one the model
+/// needs, that the record lacks (fewer layers saved than configured: the note says how many
+/// of each stack each side has) or that the model has no place for;
+/// [`ModelError::Checkpoint`] naming `path` when the bytes are not such a record.
+pub fn check_weights<B: Backend, M: Module<B>>(
+    model: &M,
+    bytes: &[u8],
+    path: &Path,
+) -> Result<(), ModelError> {
+    let saved = record_shapes::saved_tensors(bytes)
+        .map_err(|e| ModelError::checkpoint(path, format!("not a model record: {e}")))?;
+    let expected = record_shapes::module_shapes(model);
+    let Some((tensor, want, found)) = record_shapes::first_mismatch(&expected, &saved) else {
+        return Ok(());
+    };
+    let note = layer_counts(&tensor, &expected, &saved).unwrap_or_default();
+    Err(ModelError::WeightsMismatch {
+        path: path.to_path_buf(),
+        tensor,
+        expected: want,
+        found,
+        note,
+    })
+}
+
+/// For a tensor under a stack's `layers.<i>.`, how many layers the configuration and the
+/// weights have in that stack: "the configuration has 1000 layers in `encoder.layers`, the
+/// weights 2".
+fn layer_counts(
+    tensor: &str,
+    expected: &[(String, Vec<usize>)],
+    saved: &[record_shapes::SavedTensor],
+) -> Option<String> {
+    let at = tensor.find("layers.")? + "layers.".len();
+    let stack = &tensor[..at];
+    let count = |paths: &mut dyn Iterator<Item = &str>| -> usize {
+        paths
+            .filter_map(|p| {
+                p.strip_prefix(stack)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .map(|i| i + 1)
+            .max()
+            .unwrap_or(0)
+    };
+    let configured = count(&mut expected.iter().map(|(p, _)| p.as_str()));
+    let held = count(&mut saved.iter().map(|t| t.path.as_str()));
+    let stack = stack.trim_end_matches('.');
+    (configured != held).then(|| {
+        format!("the configuration has {configured} layers in `{stack}`, the weights {held}")
+    })
 }
 
 /// Decodes a record written as [`save`] writes them (burn's named MessagePack, full precision),

@@ -14,10 +14,10 @@ use xfmr_blocks::{
 
 use crate::device::{check_fits, Extent};
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
+use crate::sizes::{check_sizes, Sizes};
 use crate::{
-    check_ids, check_pad_id, check_positive, pad_rows, project_rows, rows_within, table_extents,
-    vocab_logits, vocab_logits_within, ModelError, PadSide, DEVICE_BUFFER_BYTES,
-    LOGITS_CHUNK_BYTES,
+    check_ids, check_pad_id, pad_rows, project_rows, rows_within, table_extents, vocab_logits,
+    vocab_logits_within, ModelError, PadSide, DEVICE_BUFFER_BYTES, LOGITS_CHUNK_BYTES,
 };
 
 /// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
@@ -72,14 +72,32 @@ impl DecoderOnlyConfig {
         self
     }
 
+    /// Checks every size against its bound ([`xfmr_blocks::limits`]: widths, layer count,
+    /// vocabulary, `max_len`, the model's values in all) before anything is allocated;
+    /// [`init`](Self::init) and checkpoint loading call it first.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidConfig`] naming the first field out of its range (dotted:
+    /// `layer.d_model`) and its value.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let output = if self.tie_output { 0 } else { self.vocab_size };
+        check_sizes(&Sizes {
+            layer: &self.layer,
+            max_len: self.max_len,
+            stacks: &[("n_layers", self.n_layers)],
+            vocabularies: &[("vocab_size", self.vocab_size, false)],
+            table_rows: &[self.vocab_size, output],
+            extra_squares: 0,
+        })
+    }
+
     /// Builds the model with fresh weights.
     ///
     /// # Errors
-    /// Zero sizes, a bad dropout, ε, head count or position setting, `pad_id` outside the
-    /// vocabulary.
+    /// Sizes out of their bounds ([`validate`](Self::validate)), a bad dropout, ε, head
+    /// count or position setting, `pad_id` outside the vocabulary.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<DecoderOnly<B>, ModelError> {
-        check_positive("vocab_size", self.vocab_size)?;
-        check_positive("max_len", self.max_len)?;
+        self.validate()?;
         check_pad_id(self.pad_id, self.vocab_size)?;
         let layer = &self.layer;
         Ok(DecoderOnly {

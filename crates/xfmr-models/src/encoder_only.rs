@@ -14,7 +14,8 @@ use xfmr_blocks::{
 };
 
 use crate::device::check_fits;
-use crate::{check_pad_id, check_positive, table_extents, vocab_logits, ModelError};
+use crate::sizes::{check_sizes, Sizes};
+use crate::{check_pad_id, table_extents, vocab_logits, ModelError};
 
 /// Configuration of [`EncoderOnly`]. The presets are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
@@ -78,13 +79,39 @@ impl EncoderOnlyConfig {
         self
     }
 
+    /// Checks every size against its bound ([`xfmr_blocks::limits`]: widths, layer count,
+    /// vocabularies, segment types, classes, `max_len`, the model's values in all) before
+    /// anything is allocated; [`init`](Self::init) and checkpoint loading call it first.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidConfig`] naming the first field out of its range (dotted:
+    /// `layer.d_model`) and its value.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let classes = self.n_classes.unwrap_or(0);
+        let mlm = if self.mlm_head { self.vocab_size } else { 0 };
+        check_sizes(&Sizes {
+            layer: &self.layer,
+            max_len: self.max_len,
+            stacks: &[("n_layers", self.n_layers)],
+            vocabularies: &[
+                ("vocab_size", self.vocab_size, false),
+                ("type_vocab_size", self.type_vocab_size, true),
+                ("n_classes", classes, true),
+            ],
+            // The MLM head's bias and the classifier, counted as whole tables: an upper bound.
+            table_rows: &[self.vocab_size, self.type_vocab_size, mlm, classes],
+            // The pooler and the MLM head's dense layer.
+            extra_squares: 2,
+        })
+    }
+
     /// Builds the model with fresh weights.
     ///
     /// # Errors
-    /// Zero sizes, a bad dropout, ε or head count, `pad_id` outside the vocabulary.
+    /// Sizes out of their bounds ([`validate`](Self::validate)), a bad dropout, ε or head
+    /// count, `pad_id` outside the vocabulary.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<EncoderOnly<B>, ModelError> {
-        check_positive("vocab_size", self.vocab_size)?;
-        check_positive("max_len", self.max_len)?;
+        self.validate()?;
         check_pad_id(self.pad_id, self.vocab_size)?;
         if self.n_classes == Some(0) {
             return Err(ModelError::InvalidConfig {

@@ -88,6 +88,24 @@ pub enum ModelError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A checkpoint's weights that do not fit its configuration, found before anything is
+    /// allocated: a tensor the configuration implies whose saved shape differs, one the
+    /// weights lack (fewer layers saved than configured), or one the configuration has no
+    /// place for (more layers saved).
+    #[error("checkpoint {path}: {}", weights_mismatch(tensor, expected.as_deref(), found.as_deref(), note))]
+    WeightsMismatch {
+        /// The weights file.
+        path: PathBuf,
+        /// The tensor's record path (`encoder.layers.3.ffn.linear1.weight`).
+        tensor: String,
+        /// Its shape as the configuration implies it; `None` if the configuration has no such
+        /// tensor.
+        expected: Option<Vec<usize>>,
+        /// Its shape in the weights; `None` if they lack it.
+        found: Option<Vec<usize>>,
+        /// More about it (a layer count that differs), or empty.
+        note: String,
+    },
     /// A JSON file (a configuration) that cannot be parsed as, or a value that cannot be
     /// serialised to, what it should hold.
     #[error("{path}: JSON: {message}")]
@@ -111,20 +129,47 @@ pub enum ModelError {
     },
 }
 
+/// The text of [`ModelError::WeightsMismatch`].
+fn weights_mismatch(
+    tensor: &str,
+    expected: Option<&[usize]>,
+    found: Option<&[usize]>,
+    note: &str,
+) -> String {
+    let what = match (expected, found) {
+        (Some(e), Some(f)) => {
+            format!("the configuration implies shape {e:?}, the weights hold {f:?}")
+        }
+        (Some(e), None) => format!("the configuration implies shape {e:?}, the weights lack it"),
+        (None, Some(f)) => {
+            format!("the weights hold shape {f:?}, which the configuration has no place for")
+        }
+        (None, None) => "no such tensor".to_string(),
+    };
+    let note = if note.is_empty() {
+        String::new()
+    } else {
+        format!(" ({note})")
+    };
+    format!("tensor `{tensor}`: {what}{note}")
+}
+
 impl ModelError {
-    /// An IO error naming the file.
+    /// An IO error naming the file (numbers of more than 20 digits written compactly,
+    /// [`xfmr_io::compact_numbers`]).
     pub fn io(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
         Self::Io {
             path: path.into(),
-            message: err.to_string(),
+            message: xfmr_io::compact_numbers(&err.to_string()),
         }
     }
 
-    /// A JSON error naming the file.
+    /// A JSON error naming the file: a number too large for its field is quoted compactly
+    /// (`1e308`, not serde's 309 digits; [`xfmr_io::compact_numbers`]).
     pub fn json(path: impl Into<PathBuf>, err: impl std::fmt::Display) -> Self {
         Self::Json {
             path: path.into(),
-            message: err.to_string(),
+            message: xfmr_io::compact_numbers(&err.to_string()),
         }
     }
 
@@ -132,17 +177,18 @@ impl ModelError {
     pub fn checkpoint(path: impl Into<PathBuf>, problem: impl std::fmt::Display) -> Self {
         Self::Checkpoint {
             path: path.into(),
-            problem: problem.to_string(),
+            problem: xfmr_io::compact_numbers(&problem.to_string()),
         }
     }
 }
 
-/// [`ModelError::InvalidConfig`].
+/// [`ModelError::InvalidConfig`] (a value of more than 20 digits, a float such as `1e308`
+/// that Rust writes out in full, is written compactly).
 impl From<xfmr_attention::InvalidConfig> for ModelError {
     fn from(e: xfmr_attention::InvalidConfig) -> Self {
         Self::InvalidConfig {
             field: e.field,
-            value: e.value,
+            value: xfmr_io::compact_numbers(&e.value),
             expected: e.expected,
         }
     }

@@ -16,7 +16,9 @@
 //!   top-k, top-p), batched, for any [`IncrementalDecoder`].
 //! - [`checkpoint`]: save and load a model with its configuration, a directory published
 //!   atomically with a size/hash manifest (through `xfmr-io`) and verified before it is decoded;
-//!   a configuration mismatch is a typed error naming the field.
+//!   a configuration mismatch is a typed error naming the field. Loading checks the
+//!   configuration's sizes ([`limits`]) and every saved tensor's shape against the one the
+//!   configuration implies before a parameter is allocated.
 //!
 //! ```
 //! use burn::backend::NdArray;
@@ -44,6 +46,8 @@ pub mod hf;
 mod loss;
 #[cfg(feature = "autodiff")]
 mod loss_op;
+mod record_shapes;
+mod sizes;
 mod transformer;
 
 pub use batch::{pad_rows, padded_ids, PadSide};
@@ -60,6 +64,9 @@ pub use loss::{
     SmoothingMass,
 };
 pub use transformer::{AttentionMaps, Memory, Seq2SeqState, Transformer, TransformerConfig};
+/// The largest sizes a model configuration may ask for, checked by each configuration's
+/// `validate` before anything is allocated (`xfmr_blocks::limits`, re-exported).
+pub use xfmr_blocks::limits;
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 use device::{check_fits, Extent};
@@ -174,12 +181,6 @@ pub(crate) fn project_rows<B: Backend>(
         Tensor::cat(chunks, 0)
     };
     logits.reshape([batch, seq, vocab])
-}
-
-/// A size that must be positive: the checker every layer shares
-/// ([`xfmr_attention::InvalidConfig::positive`]), as this crate's error.
-pub(crate) fn check_positive(field: &'static str, value: usize) -> Result<(), ModelError> {
-    Ok(xfmr_attention::InvalidConfig::positive(field, value)?)
 }
 
 pub(crate) fn check_pad_id(pad_id: u32, vocab: usize) -> Result<(), ModelError> {

@@ -12,9 +12,9 @@ use xfmr_blocks::{
 
 use crate::device::check_fits;
 use crate::generate::{self, Generation, GenerationOptions, IncrementalDecoder, Step};
+use crate::sizes::{check_sizes, Sizes};
 use crate::{
-    check_ids, check_pad_id, check_positive, padded_ids, table_extents, vocab_logits, ModelError,
-    PadSide,
+    check_ids, check_pad_id, padded_ids, table_extents, vocab_logits, ModelError, PadSide,
 };
 
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
@@ -81,15 +81,51 @@ impl TransformerConfig {
         self
     }
 
+    /// Checks every size against its bound ([`xfmr_blocks::limits`]: widths, layer counts,
+    /// vocabularies, `max_len`, the model's values in all) before anything is allocated;
+    /// [`init`](Self::init) and checkpoint loading call it first.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidConfig`] naming the first field out of its range (dotted:
+    /// `layer.d_model`) and its value.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let tables = [
+            self.src_vocab_size,
+            if self.share_embeddings {
+                0
+            } else {
+                self.tgt_vocab_size
+            },
+            if self.tie_output {
+                0
+            } else {
+                self.tgt_vocab_size
+            },
+        ];
+        check_sizes(&Sizes {
+            layer: &self.layer,
+            max_len: self.max_len,
+            stacks: &[
+                ("n_encoder_layers", self.n_encoder_layers),
+                ("n_decoder_layers", self.n_decoder_layers),
+            ],
+            vocabularies: &[
+                ("src_vocab_size", self.src_vocab_size, false),
+                ("tgt_vocab_size", self.tgt_vocab_size, false),
+            ],
+            table_rows: &tables,
+            extra_squares: 0,
+        })
+    }
+
     /// Builds the model with fresh weights.
     ///
     /// # Errors
-    /// Zero sizes, `share_embeddings` with different vocabularies, a bad dropout, ε, head
-    /// count or position setting, each named with its value.
+    /// Sizes out of their bounds ([`validate`](Self::validate)), `share_embeddings` with
+    /// different vocabularies, a bad dropout, ε, head count or position setting, each named
+    /// with its value.
     pub fn init<B: Backend>(&self, device: &B::Device) -> Result<Transformer<B>, ModelError> {
-        check_positive("src_vocab_size", self.src_vocab_size)?;
-        check_positive("tgt_vocab_size", self.tgt_vocab_size)?;
-        check_positive("max_len", self.max_len)?;
+        self.validate()?;
         if self.share_embeddings && self.src_vocab_size != self.tgt_vocab_size {
             return Err(ModelError::InvalidConfig {
                 field: "share_embeddings",

@@ -20,6 +20,7 @@
 //! ```
 
 use burn::tensor::{backend::Backend, Tensor};
+use xfmr_models::generate::Cancel;
 use xfmr_models::{l2_normalize, padded_ids, EncoderOnly, PadSide, Pooling};
 
 use crate::{SentenceError, TokenBatch};
@@ -132,10 +133,25 @@ impl<'a, B: Backend> Embedder<'a, B> {
     /// # Errors
     /// An empty row; as [`hidden_states`](Self::hidden_states).
     pub fn embed_ids(&self, ids: &[Vec<u32>]) -> Result<Vec<Vec<f32>>, SentenceError> {
+        self.embed_ids_with_cancel(ids, &Cancel::new())
+    }
+
+    /// [`embed_ids`](Self::embed_ids), stopping before each batch once `cancel` is cancelled
+    /// (its client gone, its deadline passed).
+    ///
+    /// # Errors
+    /// As [`embed_ids`](Self::embed_ids); `SentenceError::Model(ModelError::Cancelled)` when
+    /// cancelled.
+    pub fn embed_ids_with_cancel(
+        &self,
+        ids: &[Vec<u32>],
+        cancel: &Cancel,
+    ) -> Result<Vec<Vec<f32>>, SentenceError> {
         let mut order: Vec<usize> = (0..ids.len()).collect();
         order.sort_by_key(|&i| ids[i].len());
         let mut out = vec![Vec::new(); ids.len()];
         for chunk in order.chunks(self.batch_size.max(1)) {
+            cancel.check()?;
             let rows: Vec<Vec<u32>> = chunk.iter().map(|&i| ids[i].clone()).collect();
             let emb = self.embed_batch(&self.batch(&rows)?)?;
             let [n, d] = emb.dims();
@@ -150,5 +166,37 @@ impl<'a, B: Backend> Embedder<'a, B> {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::NdArray;
+    use xfmr_models::generate::Cancel;
+    use xfmr_models::{EncoderOnlyConfig, ModelError};
+
+    use super::Embedder;
+    use crate::SentenceError;
+
+    #[test]
+    fn embedding_stops_once_cancelled_and_is_unchanged_otherwise() {
+        let device = Default::default();
+        let model = EncoderOnlyConfig::new(50, EncoderOnlyConfig::bert_layer(16, 2, 32), 1)
+            .init::<NdArray>(&device)
+            .unwrap();
+        let embedder = Embedder::new(&model, &device).with_batch_size(1);
+        let ids = [vec![1, 5, 7, 2], vec![1, 9, 2]];
+        let token = Cancel::new();
+        assert_eq!(
+            embedder.embed_ids_with_cancel(&ids, &token).unwrap(),
+            embedder.embed_ids(&ids).unwrap()
+        );
+        let cancelled = |r: Result<Vec<Vec<f32>>, SentenceError>| {
+            matches!(r, Err(SentenceError::Model(ModelError::Cancelled)))
+        };
+        token.cancel();
+        assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &token)));
+        let past = Cancel::with_deadline(std::time::Instant::now());
+        assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &past)));
     }
 }

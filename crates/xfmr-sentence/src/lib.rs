@@ -39,6 +39,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use tokenizers::{Tokenizer, TruncationParams};
 use xfmr_attention::AttnMask;
+use xfmr_models::generate::Cancel;
 use xfmr_models::{hf, EncoderOnly, EncoderOnlyConfig, ModelError, Pooling};
 
 /// What can go wrong loading or running a sentence encoder.
@@ -314,6 +315,22 @@ impl<B: Backend> SentenceEncoder<B> {
     /// Tokenizer failures, an empty input.
     pub fn embed(&self, sentences: &[&str]) -> Result<Vec<Vec<f32>>, SentenceError> {
         self.embedder().embed_ids(&self.tokenize(sentences)?)
+    }
+
+    /// [`embed`](Self::embed), stopping between batches once `cancel` is cancelled (a server's
+    /// client gone or its deadline passed).
+    ///
+    /// # Errors
+    /// As [`embed`](Self::embed); `SentenceError::Model(ModelError::Cancelled)` when
+    /// cancelled.
+    pub fn embed_with_cancel(
+        &self,
+        sentences: &[&str],
+        cancel: &Cancel,
+    ) -> Result<Vec<Vec<f32>>, SentenceError> {
+        cancel.check()?;
+        self.embedder()
+            .embed_ids_with_cancel(&self.tokenize(sentences)?, cancel)
     }
 }
 

@@ -237,7 +237,9 @@ impl Active<'_> {
             row[id as usize] += bias;
         }
         let token = self.job.chooser.choose_from_logits(row);
-        if token == tokenizer.eos_id() {
+        // Any end-of-generation token (`<|endoftext|>` as well as the chat turn's end), even one
+        // forced by `logit_bias`: the end, never text.
+        if tokenizer.is_end_of_generation(token) {
             return self.finish_with_tail(Finish::Stop, tokenizer);
         }
         self.generated += 1;

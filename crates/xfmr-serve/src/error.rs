@@ -17,12 +17,13 @@ use crate::api::{ErrorBody, ErrorDetail};
 #[non_exhaustive]
 pub enum ServeError {
     /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Bind {
         /// The address asked for.
         addr: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why: in the message, and not also the error's `source()` (which a reporter such as
+        /// anyhow's `{:#}` would print a second time).
+        error: std::io::Error,
     },
     /// A model that the server cannot serve as given.
     #[error("model {model}: {problem}")]
@@ -135,6 +136,64 @@ impl ApiError {
         }
     }
 
+    /// 403: the request's `Host` or `Origin` is not one the server answers (DNS rebinding, a
+    /// cross-site page).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("forbidden"),
+        }
+    }
+
+    /// 414: the request target is `len` bytes, over `limit`.
+    pub fn uri_too_long(len: usize, limit: usize) -> Self {
+        Self {
+            status: StatusCode::URI_TOO_LONG,
+            message: format!("the request target is {len} bytes, over the limit of {limit}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("uri_too_long"),
+        }
+    }
+
+    /// 431: the request's headers are `len` bytes, over `limit`.
+    pub fn headers_too_large(len: usize, limit: usize) -> Self {
+        Self {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            message: format!("the request's headers are {len} bytes, over the limit of {limit}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("headers_too_large"),
+        }
+    }
+
+    /// 431 from the HTTP parser: a head over its buffer or with too many headers.
+    pub(crate) fn headers_too_large_parser() -> Self {
+        Self {
+            message: "the request's head is over the HTTP parser's buffer (about 400 KiB) or has \
+                      over 100 headers"
+                .into(),
+            ..Self::headers_too_large(0, 0)
+        }
+    }
+
+    /// 415: a POST body that is not declared `application/json` (`content_type` as sent).
+    pub fn unsupported_media_type(content_type: Option<&str>) -> Self {
+        Self {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "the body must be sent as Content-Type: application/json, not {}",
+                content_type.map_or("(none)".to_string(), |c| format!("{c:?}"))
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
     /// 408: the client stopped sending its request.
     pub fn slow_client(timeout: Duration) -> Self {
         Self {
@@ -193,9 +252,20 @@ impl ApiError {
     }
 }
 
+/// Seconds a client refused for load (429) is told to wait before retrying (`Retry-After`):
+/// one second, a few decoding steps of a full batch.
+pub(crate) const RETRY_AFTER_SECONDS: u64 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(self.error_body())).into_response()
+        let mut response = (self.status, axum::Json(self.error_body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
@@ -257,4 +327,30 @@ pub(crate) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiErro
     de.end()
         .map_err(|e| ApiError::invalid(None, format!("the body is not valid JSON: {e}")))?;
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ServeError;
+
+    /// An address already taken: the OS's reason once, in the message, and no `source()` for a
+    /// reporter to print a second time.
+    #[test]
+    fn bind_error_says_the_os_reason_once() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let err = std::net::TcpListener::bind(&addr)
+            .map_err(|error| ServeError::Bind {
+                addr: addr.clone(),
+                error,
+            })
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&format!("cannot listen on {addr}: ")),
+            "{text}"
+        );
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        assert!(std::error::Error::source(&err).is_none());
+    }
 }

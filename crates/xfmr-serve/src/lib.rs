@@ -23,9 +23,41 @@
 //! fed only the rest of its prompt. The encoder models run one request at a time on their own
 //! thread. Both have bounded queues: beyond them a request gets a 429.
 //!
+//! **Admission by cost, before the work.** A POST reserves its `Content-Length` (the body
+//! limit when it is chunked) from [`ServeConfig::max_body_bytes_in_flight`] before its body is
+//! read, and keeps it until its handler answers: beyond that sum requests wait with their bytes
+//! in the kernel's socket buffers (a 429 with `Retry-After` if none frees within
+//! `idle_timeout`). A declared length over [`ServeConfig::body_limit`] is a 413 at once, also
+//! under `Expect: 100-continue` (no `100 Continue` is sent). Bodies are parsed straight into
+//! their typed request. Prompts are tokenised only as far as the model's context
+//! (`encode_limited`, `encode_chat`): a megabyte prompt costs what its first few thousand
+//! tokens cost, then a 400 `context_length_exceeded`. Attention and translation inputs are
+//! refused by their byte length before they are tokenised where it is far over their token
+//! limit; the encoder models' work runs one request at a time.
+//!
+//! **Cancellation.** A request's work on the encoder models' thread (embeddings, translations,
+//! attention) carries a cancel token with the request's deadline, cancelled as well when the
+//! handler goes away (the client disconnected) or answers 504: a waiting task is skipped, a
+//! translation stops between batches and decoding steps, embeddings between batches, so the
+//! thread is free for the next request at once. The language model's requests leave the batch
+//! at the next step when their client goes.
+//!
+//! **Origins.** A request's `Host` must be a loopback name or address, the address the server
+//! is bound to, or one of [`ServeConfig::allowed_hosts`]; bound to a non-loopback address any
+//! `Host` is accepted unless that list is set (as Ollama does). This stops DNS rebinding, where
+//! a web page whose name was pointed at 127.0.0.1 reads the replies. A browser's `Origin`
+//! must be the server's own, a loopback one, or one of [`ServeConfig::allowed_origins`] (403
+//! otherwise), and a POST's body must be `Content-Type: application/json` (415 otherwise): a
+//! cross-site page can send neither without the browser asking first, which the server does
+//! not allow (no CORS headers). Every response carries `X-Content-Type-Options: nosniff`; the
+//! page has a `Content-Security-Policy` (its one script by hash, requests to this server only).
+//!
 //! **Bad input.** Every malformed, mistyped, oversized or out-of-range request gets a 4xx with
-//! OpenAI's error JSON naming the field ([`ApiError`]); nothing a client sends panics the
-//! server, and no endpoint reads a path from the client.
+//! OpenAI's error JSON naming the field ([`ApiError`]), including the answers of the HTTP
+//! parser itself (400, 414, 431, rewritten on their way out); nothing a client sends panics
+//! the server, and no endpoint reads a path from the client. With
+//! [`ServeConfig::log_requests`] each request is one line on stderr: method, path, status,
+//! prompt and completion tokens where known, milliseconds.
 //!
 //! ```no_run
 //! use burn::backend::Flex;
@@ -81,6 +113,7 @@ use worker::{Models, Worker};
 
 /// The server's limits and decoding settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ServeConfig {
     /// Language-model requests decoded together (the batch).
     pub max_batch: usize,
@@ -109,6 +142,26 @@ pub struct ServeConfig {
     /// `xfmr serve` sets the one chosen for the run on its validation split
     /// ([`xfmr_train::translate::DecodingChoice`]).
     pub translation_length_penalty: f64,
+    /// Request-body bytes admitted at once, across all requests (Default: 8 MiB, eight
+    /// bodies at the default `body_limit`; never below `body_limit`). A request reserves its
+    /// `Content-Length` (the body limit when it sends none) before its body is read and keeps
+    /// it until its handler answers, so that what parsing and tokenising cost is bounded by
+    /// this sum: requests beyond it wait, their bytes in the kernel's socket buffers, and get
+    /// a 429 if no room frees within `idle_timeout`.
+    pub max_body_bytes_in_flight: usize,
+    /// Further `Host` names (or `name:port`) the server answers, besides the loopback names
+    /// and addresses and the address it is bound to (Default: none). While the server is bound
+    /// to a loopback address any other `Host` gets a 403 (a DNS-rebinding page's requests
+    /// name the attacker's domain); bound to another address, every `Host` is accepted unless
+    /// this list is not empty.
+    pub allowed_hosts: Vec<String>,
+    /// Further browser origins (`http://localhost:3000`, or `*` for any) whose pages may call
+    /// the server (Default: none). A request whose `Origin` is not the server's own (the
+    /// `Host` it was sent to), a loopback one or listed here gets a 403.
+    pub allowed_origins: Vec<String>,
+    /// One line per request on stderr: method, path, status, prompt and completion tokens
+    /// where known, milliseconds (Default: off; `xfmr serve` turns it on).
+    pub log_requests: bool,
 }
 
 impl Default for ServeConfig {
@@ -124,6 +177,10 @@ impl Default for ServeConfig {
             idle_timeout: Duration::from_secs(30),
             prefix_cache_bytes: 128 << 20,
             translation_length_penalty: xfmr_models::BeamOptions::default().length_penalty,
+            max_body_bytes_in_flight: 8 << 20,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            log_requests: false,
         }
     }
 }
@@ -145,6 +202,11 @@ pub(crate) struct AppState<B: Backend> {
     pub embeddings: Option<String>,
     pub translation: Option<String>,
     pub worker: Worker<B>,
+    /// Request-body bytes that may be parsed and tokenised at once
+    /// ([`ServeConfig::max_body_bytes_in_flight`]).
+    pub admission: Arc<tokio::sync::Semaphore>,
+    /// The address the server is bound to (its `Host` is always accepted).
+    pub bound: SocketAddr,
 }
 
 impl<B: Backend> AppState<B> {
@@ -249,9 +311,9 @@ impl<B: Backend> Server<B> {
     /// # Errors
     /// [`ServeError::Bind`]; [`ServeError::Runtime`] if threads cannot be started.
     pub fn start(self, addr: &str) -> Result<RunningServer, ServeError> {
-        let bind = |source| ServeError::Bind {
+        let bind = |error| ServeError::Bind {
             addr: addr.into(),
-            source,
+            error,
         };
         let listener = std::net::TcpListener::bind(addr).map_err(bind)?;
         listener.set_nonblocking(true).map_err(bind)?;
@@ -290,6 +352,11 @@ impl<B: Backend> Server<B> {
         };
         let worker = Worker::spawn(models, config.max_waiting).map_err(ServeError::Runtime)?;
         let idle = config.idle_timeout;
+        // Never below one body at the limit, so that every admissible request can be admitted.
+        let in_flight = config
+            .max_body_bytes_in_flight
+            .max(config.body_limit)
+            .min(u32::MAX as usize);
         let app = http::router(Arc::new(AppState {
             config,
             started: unix_now(),
@@ -297,6 +364,8 @@ impl<B: Backend> Server<B> {
             embeddings,
             translation,
             worker,
+            admission: Arc::new(tokio::sync::Semaphore::new(in_flight)),
+            bound: local,
         }));
         // Two threads for HTTP: the models compute on their own threads.
         let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -1,15 +1,22 @@
 //! The encoder models' thread: embeddings, translation and attention maps run one request at a
 //! time on a thread that owns the models (burn modules are not shared between threads), fed by
 //! a bounded queue (a full queue is a 429).
+//!
+//! Each task carries a [`Cancel`] token with its request's deadline, cancelled as well when its
+//! handler's future is dropped (the client went away) or gives up (504): a task not yet started
+//! is skipped, and a running one stops at its next check (between translation batches and
+//! decoding steps, between embedding batches), so that the thread is free for the next.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use tokio::sync::oneshot;
 use xfmr_llm::{GgufTokenizer, QuantizedLlama};
+use xfmr_models::generate::Cancel;
 use xfmr_models::Transformer;
 use xfmr_sentence::SentenceEncoder;
 use xfmr_train::SubwordTokenizer;
@@ -27,6 +34,15 @@ pub(crate) struct Models<B: Backend> {
 }
 
 type Task<B> = Box<dyn FnOnce(&Models<B>) + Send>;
+
+/// A worker task's error when its work stopped because it was cancelled (the deadline) or
+/// failed otherwise: a 504, or `otherwise`.
+pub(crate) fn failed(cancel: &Cancel, timeout: Duration, otherwise: ApiError) -> ApiError {
+    match cancel.is_cancelled() {
+        true => ApiError::timeout(timeout),
+        false => otherwise,
+    }
+}
 
 /// The handle handlers submit work to.
 pub(crate) struct Worker<B: Backend> {
@@ -50,17 +66,25 @@ impl<B: Backend> Worker<B> {
         Ok(Self { tasks, capacity })
     }
 
-    /// Runs `f` on the models' thread and waits for its result (429 when the queue is full,
-    /// 500 when `f` panics).
+    /// Runs `f` on the models' thread and waits for its result, at most `timeout` (429 when
+    /// the queue is full, 500 when `f` panics, 504 after `timeout`). `f` gets the request's
+    /// [`Cancel`] token to check between its batches: it is cancelled at the deadline, and
+    /// when this future is dropped or returns.
     pub async fn run<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&Models<B>) -> R + Send + 'static,
+        timeout: Duration,
+        f: impl FnOnce(&Models<B>, &Cancel) -> R + Send + 'static,
     ) -> Result<R, ApiError> {
+        let cancel = Cancel::with_deadline(Instant::now() + timeout);
+        // Dropped with this future: when the client goes away (hyper drops the handler), the
+        // timeout below fires, or the answer came.
+        let _stop = cancel.cancel_on_drop();
         let (reply, answer) = oneshot::channel();
+        let token = cancel.clone();
         let task: Task<B> = Box::new(move |models| {
             // The client gave up (timeout, disconnect) while this waited: skip the work.
-            if !reply.is_closed() {
-                let _ = reply.send(f(models));
+            if !reply.is_closed() && !token.is_cancelled() {
+                let _ = reply.send(f(models, &token));
             }
         });
         match self.tasks.try_send(task) {
@@ -72,8 +96,15 @@ impl<B: Backend> Worker<B> {
                 return Err(ApiError::internal("the encoder models' thread has stopped"))
             }
         }
-        answer
-            .await
-            .map_err(|_| ApiError::internal("the model failed on this request (it panicked)"))
+        match tokio::time::timeout(timeout, answer).await {
+            Err(_) => Err(ApiError::timeout(timeout)),
+            Ok(Ok(r)) => Ok(r),
+            // Skipped at its deadline, or panicked.
+            Ok(Err(_)) => Err(failed(
+                &cancel,
+                timeout,
+                ApiError::internal("the model failed on this request (it panicked)"),
+            )),
+        }
     }
 }

@@ -101,6 +101,14 @@ pub fn tiny_gguf(seed: u64) -> Vec<u8> {
 
 /// [`tiny_gguf`] with a context of `context` positions (xfmr-serve's tests: long streams).
 pub fn tiny_gguf_with_context(seed: u64, context: u64) -> Vec<u8> {
+    tiny_gguf_with_metadata(seed, context, Vec::new())
+}
+
+/// [`tiny_gguf_with_context`] with `extra` metadata pairs written after the model's own: a key
+/// written twice takes the later value (the reader keeps the last), so tests can change or add
+/// any key (hostile files: a `head_count` that does not divide the width, a hostile chat
+/// template...).
+pub fn tiny_gguf_with_metadata(seed: u64, context: u64, extra: Vec<(String, Value)>) -> Vec<u8> {
     let mut rng = TestRng::new(seed);
     let (tokens, merges) = tokens();
     let vocab = tokens.len();
@@ -134,6 +142,9 @@ pub fn tiny_gguf_with_context(seed: u64, context: u64) -> Vec<u8> {
         .metadata("tokenizer.ggml.padding_token_id", Value::U64(2))
         .metadata("tokenizer.ggml.add_bos_token", Value::Bool(false))
         .metadata("tokenizer.chat_template", Value::String(template.into()));
+    for (key, value) in extra {
+        w = w.metadata(&key, value);
+    }
     let kv = N_KV_HEADS * D_MODEL / N_HEADS;
     let mut add = |w: GgufWriter, name: &str, ty: GgmlType, rows: usize, cols: usize| {
         let bytes = blocks(ty, rows, cols, &mut rng);

@@ -13,12 +13,13 @@ use thiserror::Error;
 #[non_exhaustive]
 pub enum DataError {
     /// The file could not be read.
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The error.
-        source: std::io::Error,
+        /// The error: in the message, and not also the error's `source()` (which a reporter
+        /// such as anyhow's `{:#}` would print a second time).
+        error: std::io::Error,
     },
     /// A line that is not `source<TAB>target` with both sides non-empty.
     #[error("{}:{line}: {problem}", path.display())]
@@ -58,17 +59,30 @@ pub struct Pair {
 }
 
 /// Reads a UTF-8 TSV file of `source<TAB>target` lines (no header; a final newline optional;
-/// `\r\n` accepted).
+/// `\r\n` accepted; a byte-order mark at the start, as some editors write, skipped).
 ///
 /// # Errors
 /// [`DataError::Io`], [`DataError::Malformed`] naming the line (not UTF-8, no tab, more than
 /// one tab, an empty side), or [`DataError::Empty`].
 pub fn read_tsv(path: &Path) -> Result<Vec<Pair>, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+    let bytes = std::fs::read(path).map_err(|error| DataError::Io {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     parse_tsv(&bytes, path)
+}
+
+/// [`read_tsv`], with each pair's 1-based line number in the file (blank lines are skipped, so
+/// the numbers need not be consecutive): what an error about one pair names.
+///
+/// # Errors
+/// As [`read_tsv`].
+pub fn read_tsv_numbered(path: &Path) -> Result<Vec<(usize, Pair)>, DataError> {
+    let bytes = std::fs::read(path).map_err(|error| DataError::Io {
+        path: path.to_owned(),
+        error,
+    })?;
+    parse_tsv_numbered(&bytes, path)
 }
 
 /// Parses TSV bytes as [`read_tsv`] does; `path` names the source in errors.
@@ -76,6 +90,21 @@ pub fn read_tsv(path: &Path) -> Result<Vec<Pair>, DataError> {
 /// # Errors
 /// As [`read_tsv`], except I/O.
 pub fn parse_tsv(bytes: &[u8], path: &Path) -> Result<Vec<Pair>, DataError> {
+    Ok(parse_tsv_numbered(bytes, path)?
+        .into_iter()
+        .map(|(_, pair)| pair)
+        .collect())
+}
+
+/// The UTF-8 byte-order mark, skipped at the start of a text file.
+pub const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// [`parse_tsv`], with each pair's 1-based line number ([`read_tsv_numbered`]).
+///
+/// # Errors
+/// As [`read_tsv`], except I/O.
+pub fn parse_tsv_numbered(bytes: &[u8], path: &Path) -> Result<Vec<(usize, Pair)>, DataError> {
+    let bytes = bytes.strip_prefix(UTF8_BOM).unwrap_or(bytes);
     let malformed = |line: usize, problem: String| DataError::Malformed {
         path: path.to_owned(),
         line,
@@ -105,10 +134,13 @@ pub fn parse_tsv(bytes: &[u8], path: &Path) -> Result<Vec<Pair>, DataError> {
             let side = if src.is_empty() { "source" } else { "target" };
             return Err(malformed(line_no, format!("empty {side}")));
         }
-        pairs.push(Pair {
-            src: src.to_owned(),
-            tgt: tgt.to_owned(),
-        });
+        pairs.push((
+            line_no,
+            Pair {
+                src: src.to_owned(),
+                tgt: tgt.to_owned(),
+            },
+        ));
     }
     if pairs.is_empty() {
         return Err(DataError::Empty {
@@ -154,7 +186,7 @@ pub fn write_tsv(path: &Path, pairs: &[Pair]) -> Result<(), DataError> {
     }
     xfmr_io::write_atomic(path, text.as_bytes()).map_err(|e| DataError::Io {
         path: e.path,
-        source: std::io::Error::other(e.message),
+        error: std::io::Error::other(e.message),
     })
 }
 

@@ -16,6 +16,13 @@ use crate::objective::{framed, Example};
 use crate::tokenizer::SubwordTokenizer;
 use crate::trainer::TrainError;
 
+mod sources;
+
+pub use sources::{
+    encode_sources, max_source_tokens, EncodedSources, Overlong, SourceLimit,
+    DEFAULT_MAX_SOURCE_TOKENS,
+};
+
 /// Subword ids of every pair (no start or end tokens: the trainer adds them).
 ///
 /// # Errors
@@ -56,8 +63,14 @@ pub struct Candidate {
 /// source gets the end token appended, as in training; decoding starts from `bos_id`. Returns
 /// per sentence its candidates, best first.
 ///
+/// Sources longer than the model takes are refused ([`SourceLimit::of_model`]); to truncate
+/// them instead, or set another limit, [`encode_sources`] then [`translate_ids`]. The options'
+/// [`cancel`](GenerationOptions::cancel) token is checked before each batch and each decoding
+/// step.
+///
 /// # Errors
-/// Encoding, an id outside the vocabulary, invalid options.
+/// [`TrainError::SourceTooLong`] naming the source; encoding, an id outside the vocabulary,
+/// invalid options; `TrainError::Model(ModelError::Cancelled)` once cancelled.
 pub fn translate<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
@@ -65,21 +78,31 @@ pub fn translate<B: Backend>(
     options: &GenerationOptions,
     batches: impl Into<SourceBatches>,
 ) -> Result<Vec<Vec<Candidate>>, TrainError> {
+    options.check_cancelled()?;
+    let sources = encode_sources(tokenizer, sentences, SourceLimit::of_model(model))?;
+    translate_ids(model, tokenizer, &sources.ids, options, batches)
+}
+
+/// [`translate`] of sources already encoded (each with its end token: [`encode_sources`]).
+///
+/// # Errors
+/// An id outside the vocabulary, invalid options, a source longer than a learned position
+/// table; `TrainError::Model(ModelError::Cancelled)` once the options' token is cancelled
+/// (checked before each batch and each decoding step).
+pub fn translate_ids<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &SubwordTokenizer,
+    sources: &[Vec<u32>],
+    options: &GenerationOptions,
+    batches: impl Into<SourceBatches>,
+) -> Result<Vec<Vec<Candidate>>, TrainError> {
     let batches = batches.into();
-    let sources = sentences
-        .iter()
-        .map(|s| {
-            Ok(framed(
-                None,
-                &tokenizer.encode(s)?,
-                Some(tokenizer.eos_id()),
-            ))
-        })
-        .collect::<Result<Vec<_>, TrainError>>()?;
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| sources[i].len());
     let mut out = vec![Vec::new(); sources.len()];
     for chunk in order.chunks(batches.rows.max(1)) {
+        // Between batches: the encoder's work on the next one is not started for nobody.
+        options.check_cancelled()?;
         let batch: Vec<Vec<u32>> = chunk.iter().map(|&i| sources[i].clone()).collect();
         // Filler rows (copies) come after the chunk's own: `zip` leaves their results out.
         let batch = batches.pad(batch, tokenizer.pad_id());
@@ -392,6 +415,25 @@ pub fn score(hyps: &[String], refs: &[String]) -> Result<Scores, MetricError> {
         bleu: corpus_bleu(hyps, &refs)?,
         chrf: corpus_chrf(hyps, &refs)?,
     })
+}
+
+/// `bleu` as sacreBLEU prints it: `BLEU = 26.19 58.1/32.0/19.9/12.8 (BP = 1.000 ratio = 1.007
+/// hyp_len = 1234 ref_len = 1225)` (score to 2 decimals, the n-gram precisions to 1, brevity
+/// penalty and length ratio to 3; the ratio is 0 without reference tokens).
+pub fn sacrebleu_line(bleu: &BleuScore) -> String {
+    let precisions: Vec<String> = bleu.precisions.iter().map(|p| format!("{p:.1}")).collect();
+    let ratio = match bleu.ref_len {
+        0 => 0.0,
+        n => bleu.sys_len as f64 / n as f64,
+    };
+    format!(
+        "BLEU = {:.2} {} (BP = {:.3} ratio = {ratio:.3} hyp_len = {} ref_len = {})",
+        bleu.score,
+        precisions.join("/"),
+        bleu.bp,
+        bleu.sys_len,
+        bleu.ref_len
+    )
 }
 
 /// The scores of the sentences whose source length falls in one range.

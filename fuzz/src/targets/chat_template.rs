@@ -2,13 +2,17 @@
 //! program) rendered over arbitrary messages.
 //!
 //! Fields, split at `0xFF` bytes: the template, then role and content of each message in turn.
-//! The tokenizer is the tiny Llama file's (xfmr-llm's tests); [`GgufTokenizer::render_chat`]
-//! must render or return [`LlmError::Template`](xfmr_llm::LlmError), in bounded time and memory
-//! whatever the template asks for (loops, recursion, huge strings).
+//! The tokenizer is the tiny Llama file's (xfmr-llm's tests), with small template limits
+//! ([`LIMITS`]); [`GgufTokenizer::render_chat`] and [`GgufTokenizer::encode_chat`] must render
+//! or return a typed error ([`LlmError::Template`], [`LlmError::TemplateLimit`],
+//! [`LlmError::TooManyTokens`]), in bounded time and memory whatever the template asks for
+//! (loops, recursion, strings and lists that double, huge filter widths): the memory budget is
+//! xfmr-llm's `BudgetAllocator`, installed by this crate. The kept corpus holds the hostile
+//! templates of issue 43.
 
 use std::sync::OnceLock;
 
-use xfmr_llm::{Gguf, GgufTokenizer, Message};
+use xfmr_llm::{Gguf, GgufTokenizer, LlmError, Message, TemplateLimits};
 
 use crate::{split_field, text};
 
@@ -20,6 +24,13 @@ pub(crate) fn tiny_tokenizer() -> &'static GgufTokenizer {
         GgufTokenizer::from_gguf(&gguf).expect("the tiny GGUF's tokenizer")
     })
 }
+
+/// The limits renderings run under here: small, so that each blocked thread (a template over
+/// its budget leaves one, see `xfmr_llm::budget`) keeps little.
+pub const LIMITS: TemplateLimits = TemplateLimits {
+    output_bytes: 256 << 10,
+    memory_bytes: 2 << 20,
+};
 
 /// The target's body.
 pub fn run(data: &[u8]) {
@@ -33,9 +44,36 @@ pub fn run(data: &[u8]) {
     }
     let tokenizer = tiny_tokenizer()
         .clone()
-        .with_chat_template(Some(text(template)));
+        .with_chat_template(Some(text(template)))
+        .with_template_limits(LIMITS);
+    let input: usize = messages
+        .iter()
+        .map(|m| m.role.len() + m.content.len())
+        .sum();
+    let output_limit =
+        LIMITS.output_bytes + input * xfmr_llm::tokenizer::CHAT_TEMPLATE_BYTES_PER_INPUT_BYTE;
     for add_generation_prompt in [false, true] {
-        let _ = tokenizer.render_chat(&messages, add_generation_prompt);
+        match tokenizer.render_chat(&messages, add_generation_prompt) {
+            Ok(text) => {
+                assert!(text.len() <= output_limit, "{} bytes of output", text.len());
+                // Tokenised with message contents as text: whatever the contents spell, the
+                // ids are the file's, and within the limit.
+                match tokenizer.encode_chat(&messages, add_generation_prompt, 4096) {
+                    Ok(ids) => {
+                        assert!(ids.len() <= 4096);
+                        assert!(ids.iter().all(|&id| (id as usize) < tokenizer.n_tokens()));
+                    }
+                    Err(
+                        LlmError::Template(_)
+                        | LlmError::TemplateLimit(_)
+                        | LlmError::TooManyTokens { .. },
+                    ) => {}
+                    Err(e) => panic!("encode_chat: {e}"),
+                }
+            }
+            Err(LlmError::Template(_) | LlmError::TemplateLimit(_)) => {}
+            Err(e) => panic!("render_chat: {e}"),
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod hf_config;
 pub mod manifest;
 pub mod metrics;
 pub mod metrics_log;
+pub mod model_config;
 pub mod safetensors;
 pub mod serve;
 pub mod tokenizer_json;

@@ -7,13 +7,13 @@ use xfmr::burn::tensor::backend::Backend;
 use xfmr::io::write_atomic;
 use xfmr::models::{Transformer, TransformerConfig};
 use xfmr_train::data::{self, Pair};
-use xfmr_train::translate::{score, score_by_source_length};
+use xfmr_train::translate::{score, score_by_source_length, translate_ids};
 use xfmr_train::Task;
 
 use crate::backend::{with_backend, BackendArg};
 use crate::runs::{finite, length_penalty, load_run};
 use crate::translation::{
-    print_buckets, strategy, translate_texts, LENGTH_EDGES, TRANSLATION_BATCH,
+    encode_limited, options, print_bleu, print_buckets, strategy, LENGTH_EDGES, TRANSLATION_BATCH,
 };
 
 /// Options of `xfmr eval`.
@@ -38,6 +38,11 @@ pub struct Args {
     /// Write the hypotheses here, one per line.
     #[arg(long)]
     hypotheses: Option<PathBuf>,
+    /// Truncate a source longer than the model takes (its position table's rows, end token
+    /// included) to its first tokens, instead of refusing it with its line; how many were
+    /// truncated is said on stderr. Its reference is kept whole.
+    #[arg(long)]
+    truncate: bool,
     #[command(flatten)]
     backend: BackendArg,
 }
@@ -57,19 +62,24 @@ fn eval_on<B: Backend>(args: &Args) -> Result<()> {
         load_run::<B, TransformerConfig>(&args.run, Task::Translation, "eval")?;
     let (beam, tsv) = (args.beam, &args.tsv);
     let alpha = length_penalty(&args.run, args.length_penalty)?;
-    let pairs: Vec<Pair> = data::read_tsv(tsv)?
+    let (lines, pairs): (Vec<usize>, Vec<Pair>) = data::read_tsv_numbered(tsv)?
         .into_iter()
         .take(args.limit.unwrap_or(usize::MAX))
-        .collect();
+        .unzip();
     let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
     let refs: Vec<String> = pairs.iter().map(|p| p.tgt.clone()).collect();
-    let hyps = translate_texts(
+    let place = |i: usize| format!("{}:{}", tsv.display(), lines[i]);
+    let ids = encode_limited(&model, &tokenizer, &sources, args.truncate, place)?;
+    let hyps: Vec<String> = translate_ids(
         &model,
         &tokenizer,
-        &sources,
-        strategy(beam, 1, alpha),
-        TRANSLATION_BATCH.into(),
-    )?;
+        &ids,
+        &options(strategy(beam, 1, alpha), &tokenizer),
+        TRANSLATION_BATCH,
+    )?
+    .into_iter()
+    .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
+    .collect();
     let scores = score(&hyps, &refs)?;
     println!(
         "{}: {} sentences, {}: BLEU {:.2}  chrF {:.2}",
@@ -82,7 +92,7 @@ fn eval_on<B: Backend>(args: &Args) -> Result<()> {
         scores.bleu.score,
         scores.chrf
     );
-    println!("{:?}", scores.bleu);
+    print_bleu(&scores.bleu);
     print_buckets(&score_by_source_length(
         &sources,
         &hyps,

@@ -57,6 +57,17 @@ pub struct Args {
     /// way (the chat template's system prompt, earlier turns) skips those tokens; 0: none.
     #[arg(long, default_value_t = ServeConfig::default().prefix_cache_bytes >> 20)]
     prefix_cache_mib: usize,
+    /// A further `Host` the server answers to (repeatable), e.g. a name a reverse proxy
+    /// forwards; bound to a loopback address, any other name gets a 403 (DNS rebinding).
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+    /// A further browser origin whose pages may call the server (repeatable), e.g.
+    /// `http://localhost:3000`, or `*` for any.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+    /// No line per request on stderr (method, path, status, tokens, milliseconds).
+    #[arg(long)]
+    no_request_log: bool,
 }
 
 /// The name a model given by path is served under: the path's file stem.
@@ -99,6 +110,9 @@ fn serve<B: Backend>(args: &Args) -> Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         idle_timeout: Duration::from_secs(args.idle_timeout.max(1)),
         prefix_cache_bytes: args.prefix_cache_mib.saturating_mul(1 << 20),
+        allowed_hosts: args.allowed_hosts.clone(),
+        allowed_origins: args.allowed_origins.clone(),
+        log_requests: !args.no_request_log,
         ..ServeConfig::default()
     };
     let device = Default::default();
@@ -111,8 +125,8 @@ fn serve<B: Backend>(args: &Args) -> Result<()> {
         } else {
             served_name(&path)
         };
-        let lm = LanguageModel::<B>::from_file_with(&path, &device, WeightFormat::Quantized)
-            .with_context(|| path.display().to_string())?;
+        // The library's error names the file.
+        let lm = LanguageModel::<B>::from_file_with(&path, &device, WeightFormat::Quantized)?;
         eprintln!(
             "language model {name}: {} ({:.1} s)",
             path.display(),

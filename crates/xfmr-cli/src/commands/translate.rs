@@ -1,4 +1,5 @@
-//! `xfmr translate`: sentences (arguments, or stdin lines) through a trained run.
+//! `xfmr translate`: sentences (arguments, `--input` lines, or stdin lines) through a trained
+//! run.
 
 use std::io::BufRead;
 use std::path::PathBuf;
@@ -6,12 +7,13 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{Transformer, TransformerConfig};
-use xfmr_train::translate::translate;
+use xfmr_train::data::UTF8_BOM;
+use xfmr_train::translate::translate_ids;
 use xfmr_train::Task;
 
 use crate::backend::{with_backend, BackendArg};
 use crate::runs::{finite, length_penalty, load_run};
-use crate::translation::{options, strategy, TRANSLATION_BATCH};
+use crate::translation::{encode_limited, options, strategy, TRANSLATION_BATCH};
 
 /// Options of `xfmr translate`.
 #[derive(clap::Args)]
@@ -30,9 +32,17 @@ pub struct Args {
     /// (`decoding.json`), else the paper's 0.6.
     #[arg(long, value_parser = finite)]
     length_penalty: Option<f64>,
+    /// Read the sentences from this file, one per line (instead of stdin).
+    #[arg(long, short = 'i', conflicts_with = "sentences")]
+    input: Option<PathBuf>,
+    /// Truncate a sentence longer than the model takes (its position table's rows, end token
+    /// included) to its first tokens, instead of refusing it with its line; how many were
+    /// truncated is said on stderr.
+    #[arg(long)]
+    truncate: bool,
     #[command(flatten)]
     backend: BackendArg,
-    /// Sentences to translate (none: read stdin).
+    /// Sentences to translate (none: read `--input`, else stdin).
     sentences: Vec<String>,
 }
 
@@ -46,24 +56,51 @@ pub fn run(args: Args) -> Result<()> {
     )
 }
 
+/// Lines of `reader` (`name` names it in errors), a byte-order mark at the start skipped.
+fn read_lines(reader: impl BufRead, name: &str) -> Result<Vec<String>> {
+    let mut lines = reader
+        .lines()
+        .enumerate()
+        .map(|(i, line)| line.with_context(|| format!("{name}:{}", i + 1)))
+        .collect::<Result<Vec<String>>>()?;
+    if let Some(first) = lines.first_mut() {
+        let bom = std::str::from_utf8(UTF8_BOM).expect("the BOM is UTF-8");
+        if let Some(rest) = first.strip_prefix(bom) {
+            *first = rest.to_owned();
+        }
+    }
+    Ok(lines)
+}
+
 fn translate_on<B: Backend>(args: &Args) -> Result<()> {
     let (model, tokenizer): (Transformer<B>, _) =
         load_run::<B, TransformerConfig>(&args.run, Task::Translation, "translate")?;
     let alpha = length_penalty(&args.run, args.length_penalty)?;
-    let lines: Vec<String> = if args.sentences.is_empty() {
-        std::io::stdin()
-            .lock()
-            .lines()
-            .collect::<Result<_, _>>()
-            .context("stdin")?
-    } else {
-        args.sentences.clone()
+    let (lines, origin): (Vec<String>, Option<String>) = match (&args.input, &args.sentences) {
+        (Some(path), _) => {
+            let name = path.display().to_string();
+            let file = std::fs::File::open(path).with_context(|| name.clone())?;
+            (
+                read_lines(std::io::BufReader::new(file), &name)?,
+                Some(name),
+            )
+        }
+        (None, sentences) if sentences.is_empty() => (
+            read_lines(std::io::stdin().lock(), "<stdin>")?,
+            Some("<stdin>".to_owned()),
+        ),
+        (None, sentences) => (sentences.clone(), None),
     };
     let sources: Vec<&str> = lines.iter().map(String::as_str).collect();
-    let out = translate(
+    let place = |i: usize| match &origin {
+        Some(name) => format!("{name}:{}", i + 1),
+        None => format!("sentence {}", i + 1),
+    };
+    let ids = encode_limited(&model, &tokenizer, &sources, args.truncate, place)?;
+    let out = translate_ids(
         &model,
         &tokenizer,
-        &sources,
+        &ids,
         &options(strategy(args.beam, args.n_best, alpha), &tokenizer),
         TRANSLATION_BATCH,
     )?;

@@ -283,6 +283,18 @@ impl Gguf {
                 // Unsupported types: no size known here; checked when dequantised (refused).
                 None => 0,
             };
+            // llama.cpp refuses it too (`gguf_init_from_file`): a tensor's data starts at a
+            // multiple of the alignment; one that does not was written wrongly or lies.
+            if relative % alignment as u64 != 0 {
+                return Err(GgufError::BadTensor {
+                    tensor: name,
+                    offset: relative.saturating_add(data_start as u64),
+                    reason: format!(
+                        "its offset {relative} in the data section is not a multiple of \
+                         general.alignment ({alignment})"
+                    ),
+                });
+            }
             let offset = usize::try_from(relative)
                 .ok()
                 .and_then(|o| o.checked_add(data_start))

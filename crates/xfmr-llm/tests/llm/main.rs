@@ -2,9 +2,16 @@
 //! parity with Hugging Face transformers (`#[ignore]`d: they need the fetched model).
 
 mod gguf;
+mod hostile;
 mod quantized;
 mod smollm2;
 mod smollm2_quantized;
+
+/// The memory budget of chat-template rendering, installed as the `xfmr` binary installs it
+/// (`hostile.rs` tests it).
+#[global_allocator]
+static ALLOCATOR: xfmr_llm::budget::BudgetAllocator<std::alloc::System> =
+    xfmr_llm::budget::BudgetAllocator::new(std::alloc::System);
 
 /// The tiny Llama-family GGUF the tests write (xfmr-testing's `gguf` feature).
 use xfmr_testing::tiny_gguf as tiny;

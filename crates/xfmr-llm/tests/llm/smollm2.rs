@@ -111,6 +111,12 @@ fn chat_prompts_render_as_the_fixture_has_them() {
             .render_chat(&[Message::new("user", user)], true)
             .unwrap();
         assert_eq!(rendered, prompt);
+        // Tokenised with message contents kept as text: the same ids as the rendered
+        // prompt's (the message spells no control token), and those of the limited encoder.
+        let ids = tok.encode(&prompt).unwrap();
+        let messages = [Message::new("user", user)];
+        assert_eq!(tok.encode_chat(&messages, true, 8192).unwrap(), ids);
+        assert_eq!(tok.encode_limited(&prompt, ids.len()).unwrap(), ids);
         chats += 1;
     }
     assert!(chats > 0, "the fixture has no chat prompt");

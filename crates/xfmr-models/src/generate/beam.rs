@@ -53,6 +53,7 @@ pub(super) fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
     let rows: Vec<Vec<u32>> = expand.iter().map(|&b| first[b].clone()).collect();
     let mut input = first_tensor::<B>(&rows, &device);
     for t in 0..options.max_len {
+        options.check_cancelled()?;
         let step = model.step(&mut state, input, options.return_attention)?;
         let (log_probs, attention) = host_step(step, t, options);
         let mut reorder: Vec<usize> = (0..batch * k).collect();

@@ -12,6 +12,8 @@
 //!   not how it is scored).
 //! - Beam scores use the GNMT length penalty (Wu et al., 2016; tensor2tensor, the paper's
 //!   `α = 0.6`): `score = log_prob / ((5 + len) / 6)^α`, `len` counting the end token.
+//! - Every search checks [`GenerationOptions::cancel`] ([`Cancel`]) before each decoding step
+//!   and returns [`ModelError::Cancelled`] once it is cancelled or past its deadline.
 
 use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor};
 use rand::{Rng, SeedableRng};
@@ -105,9 +107,12 @@ pub fn length_penalty(len: usize, alpha: f64) -> f64 {
 /// Runs the strategy of `options` from `state`, feeding `first` (one row per sequence, equal
 /// lengths: the start token, or left-padded prompts) as the first step.
 ///
+/// Every strategy checks [`GenerationOptions::cancel`] before each decoding step: a cancelled
+/// token (its client gone, its deadline passed) stops the search within one step.
+///
 /// # Errors
 /// Invalid options, ids outside the vocabulary, a context longer than a learned position
-/// table.
+/// table; [`ModelError::Cancelled`] once the options' token is cancelled.
 pub fn generate<B: Backend, M: IncrementalDecoder<B>>(
     model: &M,
     state: M::State,
@@ -133,6 +138,7 @@ pub fn generate_streaming<B: Backend, M: IncrementalDecoder<B>>(
 ) -> Result<Generation, ModelError> {
     let vocab = model.vocab_size();
     options.validate(vocab)?;
+    options.check_cancelled()?;
     crate::check_ids("first tokens", &first, vocab)?;
     let width = first.first().map_or(0, Vec::len);
     if width == 0 || first.iter().any(|r| r.len() != width) {
@@ -358,6 +364,7 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
         .collect();
     let mut input = first_tensor::<B>(&first, &device);
     for t in 0..options.max_len {
+        options.check_cancelled()?;
         let step = model.step(&mut state, input, options.return_attention)?;
         let (log_probs, attention) = host_step(step, t, options);
         let mut next = vec![options.pad_id; batch];

@@ -122,6 +122,16 @@ impl GenerationOptions {
         self
     }
 
+    /// `Err(ModelError::Cancelled)` when [`GenerationOptions::cancel`] says the work should
+    /// stop; `Ok` without a token. What every search calls before each decoding step, and
+    /// translation before each batch of sources.
+    ///
+    /// # Errors
+    /// [`ModelError::Cancelled`].
+    pub fn check_cancelled(&self) -> Result<(), ModelError> {
+        self.cancel.as_ref().map_or(Ok(()), Cancel::check)
+    }
+
     pub(crate) fn validate(&self, vocab: usize) -> Result<(), ModelError> {
         let bad = |field, value: String, expected| {
             Err(ModelError::InvalidOption {

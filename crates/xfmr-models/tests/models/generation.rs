@@ -1,9 +1,15 @@
 //! Generation invariants on random tiny models.
 
+use std::cell::Cell;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
 use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
+use xfmr_models::generate::{generate, length_penalty, Cancel, Step};
 use xfmr_models::{
-    generate::length_penalty, BeamOptions, Generation, GenerationOptions, ModelError,
-    SampleOptions, Strategy,
+    BeamOptions, Generation, GenerationOptions, IncrementalDecoder, ModelError, SampleOptions,
+    Strategy,
 };
 use xfmr_testing::to_vec;
 
@@ -327,5 +333,169 @@ fn generation_agrees_across_cpu_backends() {
         let a = model.generate(&sources(), BOS, &options).unwrap();
         let b = on_flex.generate(&sources(), BOS, &options).unwrap();
         assert_same(&a, &b, 1e-4, "ndarray vs flex");
+    }
+}
+
+/// A token cancelled before the call, or whose deadline has passed, stops every strategy of
+/// both model kinds before its first step with `ModelError::Cancelled`; the same options
+/// without the token generate.
+#[test]
+fn generation_stops_when_cancelled() {
+    let model = tiny_transformer(3);
+    let lm = tiny_lm(3);
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    // A deadline of now has passed by the time the search looks at it (`Instant` never goes
+    // backwards).
+    let expired = Cancel::with_deadline(Instant::now());
+    for (name, options) in [
+        ("greedy", greedy()),
+        ("sample", sample(5, None, None)),
+        ("beam", beam(3, 2)),
+    ] {
+        assert!(model.generate(&sources(), BOS, &options).is_ok(), "{name}");
+        for (how, token) in [("cancelled", &cancelled), ("past deadline", &expired)] {
+            let options = options.clone().with_cancel(token.clone());
+            let what = format!("{name}, {how}");
+            assert!(
+                matches!(
+                    model.generate(&sources(), BOS, &options),
+                    Err(ModelError::Cancelled)
+                ),
+                "transformer {what}"
+            );
+            assert!(
+                matches!(
+                    lm.generate(&sources(), &options),
+                    Err(ModelError::Cancelled)
+                ),
+                "decoder-only {what}"
+            );
+        }
+    }
+    // A token that is neither cancelled nor past its deadline changes nothing.
+    let live = Cancel::with_deadline(Instant::now() + Duration::from_secs(3600));
+    let with = model
+        .generate(&sources(), BOS, &beam(3, 2).with_cancel(live))
+        .unwrap();
+    let without = model.generate(&sources(), BOS, &beam(3, 2)).unwrap();
+    assert_eq!(with, without);
+}
+
+/// Wraps a decoder: counts its steps, and at step `cancel_at` has another thread cancel the
+/// token (waiting until it has), as a server's request task does when its client leaves.
+struct CancelledMidway<'a, M> {
+    inner: &'a M,
+    steps: Cell<usize>,
+    cancel_at: usize,
+    /// Asks the other thread to cancel; it answers on `done` once it has.
+    ask: mpsc::Sender<()>,
+    done: mpsc::Receiver<()>,
+}
+
+impl<M: IncrementalDecoder<Cpu>> IncrementalDecoder<Cpu> for CancelledMidway<'_, M> {
+    type State = M::State;
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn step(
+        &self,
+        state: &mut Self::State,
+        tokens: Tensor<Cpu, 2, Int>,
+        need_attention: bool,
+    ) -> Result<Step<Cpu>, ModelError> {
+        self.steps.set(self.steps.get() + 1);
+        if self.steps.get() == self.cancel_at {
+            self.ask.send(()).unwrap();
+            self.done.recv().unwrap();
+        }
+        self.inner.step(state, tokens, need_attention)
+    }
+
+    fn reorder(&self, state: &mut Self::State, indices: &[usize]) {
+        self.inner.reorder(state, indices);
+    }
+}
+
+/// Runs `options` through `inner` wrapped in [`CancelledMidway`] (cancelled by another thread
+/// during step 3) and returns the generation's result and the steps taken.
+fn cancelled_at_step_three<M: IncrementalDecoder<Cpu>>(
+    inner: &M,
+    state: M::State,
+    first: Vec<Vec<u32>>,
+    options: &GenerationOptions,
+) -> (Result<Generation, ModelError>, usize) {
+    let token = Cancel::new();
+    let options = options.clone().with_cancel(token.clone());
+    let (ask, asked) = mpsc::channel();
+    let (answer, done) = mpsc::channel();
+    let canceller = std::thread::spawn(move || {
+        if asked.recv().is_ok() {
+            token.cancel();
+            answer.send(()).unwrap();
+        }
+    });
+    let wrapper = CancelledMidway {
+        inner,
+        steps: Cell::new(0),
+        cancel_at: 3,
+        ask,
+        done,
+    };
+    let result = generate(&wrapper, state, first, &options);
+    let steps = wrapper.steps.get();
+    drop(wrapper); // closes the channel if step 3 never came
+    canceller.join().unwrap();
+    (result, steps)
+}
+
+/// Cancelled from another thread during the third decoding step, greedy, sampled and beam
+/// search (encoder-decoder and decoder-only) return `Cancelled` and take no fourth step,
+/// although uncancelled they run longer (so the stop is the token's doing).
+#[test]
+fn generation_cancelled_from_another_thread_stops_within_one_step() {
+    let model = tiny_transformer(5);
+    let lm = tiny_lm(5);
+    let device = Device::default();
+    let source = vec![sources()[0].clone()];
+    let prompt = sources()[0].clone();
+    let lm_state = || {
+        let mut state = lm.start(1);
+        state.ignored[0].extend(vec![false; prompt.len()]);
+        state
+    };
+    for (name, options) in [
+        ("greedy", greedy()),
+        ("sample", sample(5, None, None)),
+        ("beam", beam(3, 2)),
+    ] {
+        // min_len keeps every search running to max_len without the token.
+        let options = options.with_min_len(MAX_LEN);
+        let uncancelled = model.generate(&source, BOS, &options).unwrap();
+        assert!(
+            uncancelled.hypotheses[0][0].tokens.len() > 3,
+            "{name}: the search must outlast step 3 for the test to mean anything"
+        );
+        let state = model.start(&model.encode(ids::<Cpu>(&source, &device)).unwrap());
+        let (result, steps) = cancelled_at_step_three(&model, state, vec![vec![BOS]], &options);
+        assert!(
+            matches!(result, Err(ModelError::Cancelled)),
+            "transformer {name}: {result:?}"
+        );
+        assert_eq!(steps, 3, "transformer {name}: steps taken");
+
+        let (result, steps) =
+            cancelled_at_step_three(&lm, lm_state(), vec![prompt.clone()], &options);
+        assert!(
+            matches!(result, Err(ModelError::Cancelled)),
+            "decoder-only {name}: {result:?}"
+        );
+        assert_eq!(steps, 3, "decoder-only {name}: steps taken");
     }
 }

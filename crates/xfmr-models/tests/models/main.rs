@@ -1,10 +1,12 @@
 //! Tests of xfmr-models: generation invariants (cached == recomputed, beam 1 == greedy,
 //! batched == one by one, seeded sampling), parameter counts against the paper, teacher
 //! forcing and training, checkpoints, the encoder-only and decoder-only models, long inputs
-//! (an 803-token prompt over a 49,152-token vocabulary on ndarray, flex and wgpu).
+//! (an 803-token prompt over a 49,152-token vocabulary on ndarray, flex and wgpu), hostile
+//! checkpoints (an edited, re-sealed `config.json`).
 
 mod generation;
 mod hf;
+mod hostile;
 mod long_inputs;
 mod loss;
 mod models;

@@ -12,6 +12,11 @@ use crate::error::{ApiError, JsonBody};
 use crate::worker::Models;
 use crate::AppState;
 
+/// Bytes of input allowed per token of `max_attention_tokens`, checked before tokenising: over
+/// ten times what a token of text takes in any of the served vocabularies (byte-level BPE,
+/// WordPiece, the translation run's subwords: 3 to 5 bytes a token in European languages).
+const MAX_BYTES_PER_TOKEN: usize = 64;
+
 /// Which loaded model a request's maps come from.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -77,14 +82,25 @@ pub(crate) async fn attention<B: Backend>(
         return Err(ApiError::invalid(Some("input"), "input is empty"));
     }
     let max = state.config.max_attention_tokens;
+    // Refused before it is tokenised: no model's token takes this many bytes of text.
+    if req.input.len() > max.saturating_mul(MAX_BYTES_PER_TOKEN) {
+        return Err(ApiError::invalid(
+            Some("input"),
+            format!(
+                "input: {} bytes; attention maps are served for at most {max} tokens \
+                 ({} bytes)",
+                req.input.len(),
+                max.saturating_mul(MAX_BYTES_PER_TOKEN)
+            ),
+        ));
+    }
     let input = req.input;
     let timeout = state.config.request_timeout;
-    let work = state
+    // Short (`max_attention_tokens`): checked once, before it starts.
+    let (maps, translation) = state
         .worker
-        .run(move |models| maps(models, kind, &input, max));
-    let (maps, translation) = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| ApiError::timeout(timeout))???;
+        .run(timeout, move |models, _| maps(models, kind, &input, max))
+        .await??;
     Ok(Json(Attention {
         maps,
         model,
@@ -129,12 +145,20 @@ fn maps<B: Backend>(
         }
         Kind::Llm => {
             let (model, tokenizer) = models.llm.as_ref().expect("loaded");
-            let ids = tokenizer
-                .encode(input)
-                .map_err(|e| invalid(e.to_string()))?;
-            if ids.len() > max.min(model.config.context_length) {
-                return Err(too_long(ids.len()));
-            }
+            let limit = max.min(model.config.context_length);
+            // Tokenised only as far as the limit.
+            let ids = match tokenizer.encode_limited(input, limit) {
+                Ok(ids) => ids,
+                Err(xfmr_llm::LlmError::TooManyTokens { .. }) => {
+                    return Err(ApiError::invalid(
+                        Some("input"),
+                        format!(
+                        "input: over {limit} tokens; attention maps are served for at most {limit}"
+                    ),
+                    ))
+                }
+                Err(e) => return Err(invalid(e.to_string())),
+            };
             let weights = model
                 .attention_weights(&ids)
                 .map_err(|e| invalid(e.to_string()))?;

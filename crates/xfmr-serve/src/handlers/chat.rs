@@ -6,27 +6,29 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use burn::tensor::backend::Backend;
 use serde_json::Value;
 use tokio::time::Instant;
 use xfmr_llm::Message;
 
-use super::generate::{collect, settings, submit};
+use super::generate::{collect, settings, submit, Prompt};
 use super::{kind_of, pick_model, request_id};
 use crate::api::{AssistantMessage, ChatChoice, ChatCompletion, GenerationRequest, Usage};
 use crate::error::{ApiError, JsonBody};
+use crate::http::Tokens;
 use crate::sse::{event_stream, Flavour};
 use crate::{unix_now, AppState};
 
 /// The `content` of a chat message: a string, or an array of `{"type": "text", "text": ...}`
 /// parts.
-fn message_text(i: usize, content: &Value) -> Result<String, ApiError> {
+fn message_text(i: usize, content: Value) -> Result<String, ApiError> {
     let param = format!("messages[{i}].content");
     match content {
-        Value::String(s) => Ok(s.clone()),
+        // Moved, not copied: a content may be most of a megabyte.
+        Value::String(s) => Ok(s),
         Value::Array(parts) => parts
-            .iter()
+            .into_iter()
             .enumerate()
             .map(|(j, part)| match part.get("text").and_then(Value::as_str) {
                 Some(text) if part.get("type").and_then(Value::as_str) == Some("text") => {
@@ -45,7 +47,7 @@ fn message_text(i: usize, content: &Value) -> Result<String, ApiError> {
             Some(&param),
             format!(
                 "{param}: expected a string or an array of text parts, got {}",
-                kind_of(other)
+                kind_of(&other)
             ),
         )),
     }
@@ -54,7 +56,7 @@ fn message_text(i: usize, content: &Value) -> Result<String, ApiError> {
 /// The handler: a [`ChatCompletion`], or its chunks as server-sent events (`stream: true`).
 pub(crate) async fn chat<B: Backend>(
     State(state): State<Arc<AppState<B>>>,
-    JsonBody(req): JsonBody<GenerationRequest>,
+    JsonBody(mut req): JsonBody<GenerationRequest>,
 ) -> Result<Response, ApiError> {
     let names = state.names();
     let llm = state.llm.as_ref();
@@ -66,7 +68,7 @@ pub(crate) async fn chat<B: Backend>(
     )?
     .to_string();
     let llm = llm.expect("a model was found");
-    let Some(messages) = &req.messages else {
+    let Some(messages) = req.messages.take() else {
         return Err(ApiError::invalid(
             Some("messages"),
             "messages: missing (a chat request needs its messages)",
@@ -76,7 +78,7 @@ pub(crate) async fn chat<B: Backend>(
         return Err(ApiError::invalid(Some("messages"), "messages is empty"));
     }
     let messages = messages
-        .iter()
+        .into_iter()
         .enumerate()
         .map(|(i, m)| {
             if !["system", "user", "assistant", "developer"].contains(&m.role.as_str()) {
@@ -88,18 +90,18 @@ pub(crate) async fn chat<B: Backend>(
                     ),
                 ));
             }
-            let role = if m.role == "developer" {
-                "system"
-            } else {
-                &m.role
+            let role = match m.role.as_str() {
+                "developer" => "system".to_string(),
+                _ => m.role,
             };
-            Ok(Message::new(role, &message_text(i, &m.content)?))
+            Ok(Message {
+                role,
+                content: message_text(i, m.content)?,
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let settings = settings(&req, state.config.max_tokens, llm.model.config.vocab_size)?;
-    let prompt = tokio::task::block_in_place(|| llm.tokenizer.render_chat(&messages, true))
-        .map_err(|e| ApiError::invalid(Some("messages"), format!("messages: {e}")))?;
-    let (rx, prompt_tokens) = submit(&state, &prompt, "messages", &settings)?;
+    let (rx, prompt_tokens) = submit(&state, Prompt::Chat(&messages), "messages", &settings)?;
     let timeout = state.config.request_timeout;
     if req.stream.unwrap_or(false) {
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
@@ -111,25 +113,36 @@ pub(crate) async fn chat<B: Backend>(
             include_usage,
             timeout,
         );
-        return Ok(Sse::new(events).into_response());
+        let tokens = Tokens {
+            prompt: Some(prompt_tokens),
+            completion: None,
+        };
+        return Ok((Extension(tokens), Sse::new(events)).into_response());
     }
     let (text, finish, completion, cached) = collect(rx, Instant::now() + timeout, timeout).await?;
-    Ok(Json(ChatCompletion {
-        choices: vec![ChatChoice {
-            finish_reason: finish.as_str().into(),
-            index: 0,
-            logprobs: None,
-            message: AssistantMessage {
-                content: text,
-                role: "assistant".into(),
-            },
-        }],
-        created: unix_now(),
-        id: request_id("chatcmpl"),
-        model,
-        object: "chat.completion".into(),
-        system_fingerprint: None,
-        usage: Usage::new(prompt_tokens, completion, cached),
-    })
-    .into_response())
+    let tokens = Tokens {
+        prompt: Some(prompt_tokens),
+        completion: Some(completion),
+    };
+    Ok((
+        Extension(tokens),
+        Json(ChatCompletion {
+            choices: vec![ChatChoice {
+                finish_reason: finish.as_str().into(),
+                index: 0,
+                logprobs: None,
+                message: AssistantMessage {
+                    content: text,
+                    role: "assistant".into(),
+                },
+            }],
+            created: unix_now(),
+            id: request_id("chatcmpl"),
+            model,
+            object: "chat.completion".into(),
+            system_fingerprint: None,
+            usage: Usage::new(prompt_tokens, completion, cached),
+        }),
+    )
+        .into_response())
 }

@@ -6,14 +6,15 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use burn::tensor::backend::Backend;
 use tokio::time::Instant;
 
-use super::generate::{collect, settings, submit};
+use super::generate::{collect, settings, submit, Prompt};
 use super::{pick_model, request_id, strings};
 use crate::api::{Completion, CompletionChoice, GenerationRequest, Usage};
 use crate::error::{ApiError, JsonBody};
+use crate::http::Tokens;
 use crate::sse::{event_stream, Flavour};
 use crate::{unix_now, AppState};
 
@@ -47,7 +48,7 @@ pub(crate) async fn completions<B: Backend>(
                 "prompt: a streamed completion takes one prompt",
             ));
         }
-        let (rx, prompt_tokens) = submit(&state, &prompts[0], "prompt", &settings)?;
+        let (rx, prompt_tokens) = submit(&state, Prompt::Text(&prompts[0]), "prompt", &settings)?;
         let include_usage = req.stream_options.is_some_and(|o| o.include_usage);
         let events = event_stream(
             rx,
@@ -57,7 +58,11 @@ pub(crate) async fn completions<B: Backend>(
             include_usage,
             timeout,
         );
-        return Ok(Sse::new(events).into_response());
+        let tokens = Tokens {
+            prompt: Some(prompt_tokens),
+            completion: None,
+        };
+        return Ok((Extension(tokens), Sse::new(events)).into_response());
     }
     // Every prompt is submitted before any is awaited: they decode in one batch.
     let submitted = prompts
@@ -68,7 +73,7 @@ pub(crate) async fn completions<B: Backend>(
                 1 => "prompt".to_string(),
                 _ => format!("prompt[{i}]"),
             };
-            submit(&state, p, &param, &settings)
+            submit(&state, Prompt::Text(p), &param, &settings)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let (mut choices, mut prompt_total, mut completion_total, mut cached_total) =
@@ -86,13 +91,20 @@ pub(crate) async fn completions<B: Backend>(
             text,
         });
     }
-    Ok(Json(Completion {
-        choices,
-        created: unix_now(),
-        id: request_id("cmpl"),
-        model,
-        object: "text_completion".into(),
-        usage: Usage::new(prompt_total, completion_total, cached_total),
-    })
-    .into_response())
+    let tokens = Tokens {
+        prompt: Some(prompt_total),
+        completion: Some(completion_total),
+    };
+    Ok((
+        Extension(tokens),
+        Json(Completion {
+            choices,
+            created: unix_now(),
+            id: request_id("cmpl"),
+            model,
+            object: "text_completion".into(),
+            usage: Usage::new(prompt_total, completion_total, cached_total),
+        }),
+    )
+        .into_response())
 }

@@ -3,20 +3,22 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::Json;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use base64::Engine as _;
 use burn::tensor::backend::Backend;
 
 use super::{pick_model, strings};
 use crate::api::{Embedding, EmbeddingRequest, EmbeddingUsage, EmbeddingVector, Embeddings};
 use crate::error::{ApiError, JsonBody};
+use crate::http::Tokens;
 use crate::AppState;
 
 /// The handler: one embedding per input, computed on the encoder models' thread.
 pub(crate) async fn embeddings<B: Backend>(
     State(state): State<Arc<AppState<B>>>,
     JsonBody(req): JsonBody<EmbeddingRequest>,
-) -> Result<Json<Embeddings>, ApiError> {
+) -> Result<Response, ApiError> {
     let model = pick_model(
         req.model.as_deref(),
         state.embeddings.as_deref(),
@@ -37,16 +39,28 @@ pub(crate) async fn embeddings<B: Backend>(
     };
     let dimensions = req.dimensions;
     let timeout = state.config.request_timeout;
-    let work = state.worker.run(move |models| {
-        let encoder = models.embeddings.as_ref().expect("loaded");
-        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        let tokens: usize = encoder.tokenize(&refs)?.iter().map(Vec::len).sum();
-        Ok::<_, xfmr_sentence::SentenceError>((encoder.embed(&refs)?, tokens))
-    });
-    let (vectors, tokens) = tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| ApiError::timeout(timeout))??
-        .map_err(|e| ApiError::invalid(Some("input"), format!("input: {e}")))?;
+    let (vectors, tokens) = state
+        .worker
+        .run(timeout, move |models, cancel| {
+            let encoder = models.embeddings.as_ref().expect("loaded");
+            let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let tokens: usize = encoder.tokenize(&refs)?.iter().map(Vec::len).sum();
+            Ok::<_, xfmr_sentence::SentenceError>((
+                encoder.embed_with_cancel(&refs, cancel)?,
+                tokens,
+            ))
+        })
+        .await?
+        .map_err(|e| {
+            let cancelled = matches!(
+                e,
+                xfmr_sentence::SentenceError::Model(xfmr_models::ModelError::Cancelled)
+            );
+            match cancelled {
+                true => ApiError::timeout(timeout),
+                false => ApiError::invalid(Some("input"), format!("input: {e}")),
+            }
+        })?;
     let width = vectors.first().map_or(0, Vec::len);
     if let Some(d) = dimensions.filter(|&d| d as usize != width) {
         return Err(ApiError::invalid(
@@ -72,7 +86,11 @@ pub(crate) async fn embeddings<B: Backend>(
             }
         })
         .collect();
-    Ok(Json(Embeddings {
+    let tokens_used = Tokens {
+        prompt: Some(tokens),
+        completion: None,
+    };
+    let body = Json(Embeddings {
         data,
         model,
         object: "list".into(),
@@ -80,5 +98,6 @@ pub(crate) async fn embeddings<B: Backend>(
             prompt_tokens: tokens,
             total_tokens: tokens,
         },
-    }))
+    });
+    Ok((Extension(tokens_used), body).into_response())
 }

@@ -8,6 +8,7 @@ use burn::tensor::backend::Backend;
 use serde_json::Value;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::time::Instant;
+use xfmr_llm::{LlmError, Message};
 use xfmr_models::generate::{SampleOptions, TokenChooser};
 
 use super::strings;
@@ -132,26 +133,75 @@ pub(super) fn settings(
     })
 }
 
-/// Submits one prompt to the engine: checks it against the context and the limit, returns the
-/// events' receiver and the prompt's length.
+/// 400 `context_length_exceeded` for a prompt of over `limit` tokens.
+fn too_long(context: usize, limit: usize, settings: &Settings, param: &str) -> ApiError {
+    let asked = match settings.max_tokens {
+        Some(m) => format!("{m} more were asked for"),
+        None => "at least one more is needed".to_string(),
+    };
+    ApiError::invalid(
+        Some(param),
+        format!(
+            "this model's context is {context} tokens; the prompt has over {limit} and {asked} \
+             (lower max_tokens or shorten the prompt)"
+        ),
+    )
+    .with_code("context_length_exceeded")
+}
+
+/// A prompt to submit: plain text (completions) or a conversation through the model's chat
+/// template (chat).
+#[derive(Clone, Copy)]
+pub(super) enum Prompt<'a> {
+    /// Tokenised as is.
+    Text(&'a str),
+    /// Rendered with the chat template and the assistant's turn opened, special-token text in
+    /// the messages tokenised as plain text.
+    Chat(&'a [Message]),
+}
+
+/// Submits one prompt to the engine: tokenises it only as far as the context allows (a longer
+/// one is refused, `context_length_exceeded`, once its tokens pass the limit, so that its cost
+/// is bounded by the context, not by its length), returns the events' receiver and the
+/// prompt's length.
 pub(super) fn submit<B: Backend>(
     state: &AppState<B>,
-    prompt: &str,
+    prompt: Prompt<'_>,
     param: &str,
     settings: &Settings,
 ) -> Result<(UnboundedReceiver<Event>, usize), ApiError> {
     let llm = state.llm.as_ref().expect("checked by the caller");
-    // Tokenising a prompt of up to the body limit is CPU work: off the async workers' list
+    let context = llm.model.config.context_length;
+    // The prompt leaves room for what was asked for, or at least one token.
+    let limit = context.saturating_sub(settings.max_tokens.unwrap_or(1).max(1));
+    // Tokenising a prompt of up to the context is CPU work: off the async workers' list
     // while it runs, so that other connections are served meanwhile.
-    let ids = tokio::task::block_in_place(|| llm.tokenizer.encode(prompt))
-        .map_err(|e| ApiError::invalid(Some(param), format!("{param}: {e}")))?;
+    // A conversation whose contents alone are over `limit` tokens is refused before the
+    // template renders it: no token is longer than `max_token_bytes`, and templates include
+    // each content (trimmed at most), so its bytes bound its tokens from below.
+    if let Prompt::Chat(messages) = prompt {
+        let bytes: usize = messages.iter().map(|m| m.content.trim().len()).sum();
+        if bytes > limit.saturating_mul(llm.tokenizer.max_token_bytes()) {
+            return Err(too_long(context, limit, settings, param));
+        }
+    }
+    let encoded = tokio::task::block_in_place(|| match prompt {
+        Prompt::Text(text) => llm.tokenizer.encode_limited(text, limit),
+        Prompt::Chat(messages) => llm.tokenizer.encode_chat(messages, true, limit),
+    });
+    let ids = match encoded {
+        Ok(ids) => ids,
+        Err(LlmError::TooManyTokens { .. }) => {
+            return Err(too_long(context, limit, settings, param))
+        }
+        Err(e) => return Err(ApiError::invalid(Some(param), format!("{param}: {e}"))),
+    };
     if ids.is_empty() {
         return Err(ApiError::invalid(
             Some(param),
             format!("{param}: the prompt has no tokens"),
         ));
     }
-    let context = llm.model.config.context_length;
     let room = context.saturating_sub(ids.len());
     let max_tokens = settings
         .max_tokens

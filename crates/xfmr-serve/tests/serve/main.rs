@@ -5,6 +5,13 @@
 //! and a translation run trained for a few steps on the embedded Spanish–English sample. The
 //! SmolLM2 and MiniLM runs are the `--ignored` tests in `models.rs`.
 
+/// The allocator `xfmr serve` has (around the system's here): chat templates get their memory
+/// budget (`xfmr_llm::budget`) in these tests as in the program.
+#[global_allocator]
+static ALLOCATOR: xfmr_llm::budget::BudgetAllocator<std::alloc::System> =
+    xfmr_llm::budget::BudgetAllocator::new(std::alloc::System);
+
+mod hostile;
 mod models;
 mod page;
 mod server;

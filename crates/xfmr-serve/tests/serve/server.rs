@@ -799,7 +799,7 @@ fn serve_timeouts_close_idle_connections_and_end_slow_requests() {
     // A body that stops arriving: 408 with OpenAI's error JSON.
     let mut slow = std::net::TcpStream::connect(addr).unwrap();
     slow.write_all(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
           Content-Length: 100\r\nConnection: close\r\n\r\n{\"prompt\": ",
     )
     .unwrap();

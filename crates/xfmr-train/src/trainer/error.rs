@@ -73,6 +73,25 @@ pub enum TrainError {
     /// no further).
     #[error("a replica failed: {0}")]
     Replica(String),
+    /// A source sentence longer than a translation model's positions hold
+    /// ([`SourceLimit`](crate::translate::SourceLimit)): refused before its quadratic
+    /// attention is spent on it.
+    #[error(
+        "source {index}: {}, more than the {max_tokens} tokens (end token included) the model's \
+         positions hold",
+        source_length(*.tokens, *.bytes)
+    )]
+    SourceTooLong {
+        /// Its index among the sources translated together (0-based).
+        index: usize,
+        /// Its tokens, end token included; `None` when it was refused on its byte length
+        /// alone, without tokenising it.
+        tokens: Option<usize>,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The most tokens a source may have.
+        max_tokens: usize,
+    },
     /// A training option outside its range.
     #[error("invalid training option {field} = {value}: {expected}")]
     InvalidConfig {
@@ -83,6 +102,14 @@ pub enum TrainError {
         /// What it must be.
         expected: &'static str,
     },
+}
+
+/// "1030 tokens", or "8500000 bytes" for a source refused unread.
+fn source_length(tokens: Option<usize>, bytes: usize) -> String {
+    match tokens {
+        Some(n) => format!("{n} tokens"),
+        None => format!("{bytes} bytes"),
+    }
 }
 
 impl TrainError {

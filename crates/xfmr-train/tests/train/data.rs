@@ -46,7 +46,11 @@ fn tsv_errors_name_the_file_and_line() {
     ));
     match read_tsv(Path::new("/nonexistent/corpus.tsv")) {
         Err(e @ DataError::Io { .. }) => {
-            assert!(e.to_string().starts_with("/nonexistent/corpus.tsv"))
+            assert!(e.to_string().starts_with("/nonexistent/corpus.tsv"));
+            // The OS message is in the text, and not also the `source()` that a reporter
+            // (anyhow's `{:#}`, the CLI's) would print after it a second time.
+            assert!(std::error::Error::source(&e).is_none(), "{e:?}");
+            assert_eq!(e.to_string().matches("os error").count(), 1, "{e}");
         }
         other => panic!("expected Io, got {other:?}"),
     }

@@ -1,14 +1,19 @@
 //! Beam search's length penalty chosen on held-out pairs, and the run file that records it.
 
 use std::fs;
+use std::time::{Duration, Instant};
 
 use burn::backend::NdArray;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorData};
-use xfmr_models::{BeamOptions, GenerationOptions, Strategy, Transformer, TransformerConfig};
+use xfmr_models::generate::Cancel;
+use xfmr_models::{
+    BeamOptions, GenerationOptions, ModelError, Strategy, Transformer, TransformerConfig,
+};
 use xfmr_train::data::{Pair, SplitMix64};
 use xfmr_train::translate::{
-    choose_length_penalty, score, translate, translate_best, DecodingChoice, DECODING_FILE,
+    choose_length_penalty, encode_sources, max_source_tokens, sacrebleu_line, score, translate,
+    translate_best, translate_ids, DecodingChoice, Overlong, SourceLimit, DECODING_FILE,
 };
 use xfmr_train::{LengthLadder, SourceBatches, SubwordTokenizer, TrainError};
 
@@ -258,4 +263,174 @@ fn bucketed_batches_leave_translations_unchanged() {
             }
         }
     }
+}
+
+/// A token cancelled before the call, or past its deadline, stops `translate` and
+/// `translate_best` (greedy and beam) with `ModelError::Cancelled`; a live token changes
+/// nothing.
+#[test]
+fn translate_stops_when_cancelled() {
+    let (model, tok, pairs) = model();
+    let sources: Vec<&str> = pairs.iter().map(|p| p.src.as_str()).collect();
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    let expired = Cancel::with_deadline(Instant::now());
+    let live = Cancel::with_deadline(Instant::now() + Duration::from_secs(3600));
+    for strategy in [
+        Strategy::Greedy,
+        Strategy::Beam(BeamOptions {
+            beam_size: BEAM,
+            length_penalty: 1.0,
+            n_best: 1,
+        }),
+    ] {
+        let options = GenerationOptions::greedy(MAX_LEN, tok.eos_id(), tok.pad_id())
+            .with_strategy(strategy.clone());
+        let plain = translate_best(&model, &tok, &sources, &options, 4).unwrap();
+        for token in [&cancelled, &expired] {
+            let options = options.clone().with_cancel(token.clone());
+            assert!(
+                matches!(
+                    translate(&model, &tok, &sources, &options, 4),
+                    Err(TrainError::Model(ModelError::Cancelled))
+                ),
+                "{strategy:?}, {token:?}"
+            );
+            assert!(
+                matches!(
+                    translate_best(&model, &tok, &sources, &options, 4),
+                    Err(TrainError::Model(ModelError::Cancelled))
+                ),
+                "{strategy:?}, {token:?}"
+            );
+        }
+        let options = options.with_cancel(live.clone());
+        assert_eq!(
+            translate_best(&model, &tok, &sources, &options, 4).unwrap(),
+            plain
+        );
+    }
+}
+
+/// The source limit is the model's position table (end token included): a source that fills
+/// it translates, one token more is refused naming its index and length, and a 1 MB line is
+/// refused on its byte length alone (no token count: it was not tokenised). Truncating keeps
+/// each long source's first tokens (the end token appended) and lists which were cut.
+#[test]
+fn sources_beyond_the_models_positions_are_refused_or_truncated() {
+    let (_, tok, _) = model();
+    const POSITIONS: usize = 12;
+    let config = TransformerConfig::tiny(tok.vocab_size()).with_max_len(POSITIONS);
+    let model = config.init::<Infer>(&Default::default()).unwrap();
+    assert_eq!(max_source_tokens(&model), POSITIONS);
+    let limit = SourceLimit::of_model(&model);
+    assert_eq!(
+        limit,
+        SourceLimit {
+            max_tokens: POSITIONS,
+            overlong: Overlong::Refuse
+        }
+    );
+    // One-letter words, one token each in this vocabulary (checked below): 11 words and the
+    // end token fill the 12 positions.
+    let words = |n: usize| -> String {
+        let letters = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"];
+        (0..n)
+            .map(|i| letters[i % letters.len()])
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (fits, over) = (words(POSITIONS - 1), words(POSITIONS));
+    assert_eq!(tok.encode(&fits).unwrap().len(), POSITIONS - 1);
+    assert_eq!(tok.encode(&over).unwrap().len(), POSITIONS);
+    let huge = "a ".repeat(500_000);
+    assert!(huge.len() > limit.max_bytes(&tok));
+
+    let options = GenerationOptions::greedy(4, tok.eos_id(), tok.pad_id());
+    let out = translate(&model, &tok, &["a b", &fits], &options, 4).unwrap();
+    assert_eq!(out.len(), 2);
+    match translate(&model, &tok, &["a b", &fits, &over], &options, 4) {
+        Err(TrainError::SourceTooLong {
+            index: 2,
+            tokens: Some(13),
+            bytes,
+            max_tokens: POSITIONS,
+        }) => assert_eq!(bytes, over.len()),
+        other => panic!("{other:?}"),
+    }
+    let e = translate(&model, &tok, &["a b", &huge], &options, 4).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TrainError::SourceTooLong {
+                index: 1,
+                tokens: None,
+                bytes: 1_000_000,
+                max_tokens: POSITIONS
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "source 1: 1000000 bytes, more than the 12 tokens (end token included) the model's \
+         positions hold"
+    );
+
+    let truncating = limit.with_overlong(Overlong::Truncate);
+    let encoded = encode_sources(&tok, &["a b", &over, &fits, &huge], truncating).unwrap();
+    assert_eq!(encoded.truncated, [1, 3]);
+    let whole = |s: &str| {
+        let mut ids = tok.encode(s).unwrap();
+        ids.push(tok.eos_id());
+        ids
+    };
+    assert_eq!(encoded.ids[0], whole("a b"));
+    assert_eq!(encoded.ids[2], whole(&fits));
+    for (i, long) in [(1, over.clone()), (3, huge.clone())] {
+        let ids = &encoded.ids[i];
+        assert_eq!(ids.len(), POSITIONS, "source {i}");
+        // The first 11 tokens of the whole source (of a 22-byte prefix for the huge one, which
+        // is never tokenised whole).
+        let head = &long[..long.len().min(2 * POSITIONS)];
+        assert_eq!(
+            ids[..POSITIONS - 1],
+            whole(head)[..POSITIONS - 1],
+            "source {i}"
+        );
+        assert_eq!(ids[POSITIONS - 1], tok.eos_id(), "source {i}");
+    }
+    let out = translate_ids(&model, &tok, &encoded.ids, &options, 4).unwrap();
+    assert_eq!(out.len(), 4);
+}
+
+/// sacreBLEU's line: `BLEU = score p1/p2/p3/p4 (BP = … ratio = … hyp_len = … ref_len = …)`,
+/// the digits it prints, on a score computed here (the ratio is hyp_len / ref_len).
+#[test]
+fn bleu_is_printed_as_sacrebleu_prints_it() {
+    let hyps = ["the cat sat on the mat".to_string()];
+    let refs = ["the cat sat on a mat today".to_string()];
+    let bleu = score(&hyps, &refs).unwrap().bleu;
+    let line = sacrebleu_line(&bleu);
+    let p = &bleu.precisions;
+    assert_eq!(
+        line,
+        format!(
+            "BLEU = {:.2} {:.1}/{:.1}/{:.1}/{:.1} (BP = {:.3} ratio = {:.3} hyp_len = 6 ref_len \
+             = 7)",
+            bleu.score,
+            p[0],
+            p[1],
+            p[2],
+            p[3],
+            bleu.bp,
+            6.0 / 7.0
+        )
+    );
+    // 5 of the 6 unigrams match: 83.3.
+    assert!(
+        line.starts_with("BLEU = ") && line.contains(" 83.3/"),
+        "{line}"
+    );
+    assert!(line.contains("ratio = 0.857"), "{line}");
 }

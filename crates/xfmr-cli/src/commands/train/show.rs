@@ -166,7 +166,7 @@ fn evaluate<B: Backend>(
             .collect();
         let mut entry = json!({"bleu": scores.bleu.score, "chrf": scores.chrf,
                    "sentences": test.len(), "bp": scores.bleu.bp,
-                   "bleu_detail": format!("{:?}", scores.bleu),
+                   "bleu_detail": xfmr_train::translate::sacrebleu_line(&scores.bleu),
                    "seconds": seconds, "by_source_length": by_length});
         if name == "beam" {
             entry["beam_size"] = json!(beam.max(1));

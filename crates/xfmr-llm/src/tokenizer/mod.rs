@@ -12,14 +12,24 @@
 //! - every token of type 3 (`CONTROL`: `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`...) added
 //!   as a special token, so that it is matched whole in the text and never split.
 //!
+//! Outside input is bounded: the chat template renders under limits (`template.rs`: fuel,
+//! output size, and a memory budget where the program installs
+//! [`BudgetAllocator`](crate::budget::BudgetAllocator)), and is probed once at load; texts are
+//! tokenised within a token limit without work proportional to their length, and chat
+//! messages with their contents kept as text (`limited.rs`).
+//!
 //! Departure: llama.cpp pre-splits digits one by one for `tokenizer.ggml.pre = "smollm"` (as
 //! SmolLM's own `tokenizer.json` does); `transformers`, the reference here, applies GPT-2's
 //! split, which keeps runs of digits together. We follow the reference. Other `pre` names with
 //! their own split regexes (Llama 3, Qwen 2) are refused rather than tokenized wrongly.
 
-use std::collections::HashSet;
+mod limited;
+mod template;
 
-use minijinja::{context, Environment};
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
 use serde::Serialize;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
@@ -27,6 +37,11 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
     AddedToken, DecodeStream, DecoderWrapper, ModelWrapper, NormalizerWrapper,
     PostProcessorWrapper, PreTokenizerWrapper, Tokenizer,
+};
+
+pub use template::{
+    TemplateLimit, TemplateLimits, CHAT_TEMPLATE_BYTES_PER_INPUT_BYTE, CHAT_TEMPLATE_FUEL,
+    CHAT_TEMPLATE_MEMORY_BYTES, CHAT_TEMPLATE_OUTPUT_BYTES,
 };
 
 use crate::gguf::{Gguf, GgufError, Value};
@@ -55,8 +70,19 @@ impl Message {
     }
 }
 
-/// The most instructions one rendering of a chat template may run (minijinja's fuel).
-pub const CHAT_TEMPLATE_FUEL: u64 = 10_000_000;
+/// The texts of control tokens that end a turn, as llama.cpp's `llama_vocab` lists them
+/// (its end-of-generation set): a control token spelled so ends generation.
+const END_OF_GENERATION_TEXTS: &[&str] = &[
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "</s>",
+];
 
 /// A GGUF file's tokenizer, special ids and chat template. Read with its methods, as
 /// `xfmr_train::SubwordTokenizer` is (`eos_id()`, `pad_id()`, ...).
@@ -76,6 +102,24 @@ pub struct GgufTokenizer {
     chat_template: Option<String>,
     /// The number of tokens in the file (`tokenizer.ggml.tokens`).
     n_tokens: usize,
+    /// The same tokenizer without the control tokens added: text that spells one is split
+    /// into ordinary tokens (message contents in [`GgufTokenizer::encode_chat`]).
+    plain: Arc<Tokenizer>,
+    /// The control tokens matched whole in text, and the id text encodes each to, longest
+    /// first.
+    control: Arc<Vec<(String, u32)>>,
+    /// The longest token in bytes: no text longer than `n × max_token_bytes` has `n` tokens.
+    max_token_bytes: usize,
+    /// Whether a control token's text holds a space (then texts are tokenised whole, not in
+    /// chunks: see [`GgufTokenizer::encode_limited`]).
+    control_has_space: bool,
+    /// The ids that end generation.
+    end_of_generation: Vec<u32>,
+    /// The limits every rendering of the chat template runs under.
+    limits: TemplateLimits,
+    /// Set when a rendering of `chat_template` went past its memory budget: every later one is
+    /// refused (shared by clones; a new template starts clear).
+    hostile: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for GgufTokenizer {
@@ -138,10 +182,45 @@ impl GgufTokenizer {
         self.chat_template.as_deref()
     }
 
-    /// With another chat template (`None`: none), as if the file had said so.
+    /// With another chat template (`None`: none), as if the file had said so. Unlike the
+    /// file's template, it is not probed: a hostile one is found on its first rendering.
     pub fn with_chat_template(mut self, template: Option<String>) -> Self {
         self.chat_template = template;
+        self.hostile = Arc::new(AtomicBool::new(false));
         self
+    }
+
+    /// With other limits for chat-template rendering (the fuzz targets use small ones).
+    pub fn with_template_limits(mut self, limits: TemplateLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The limits chat-template rendering runs under.
+    pub fn template_limits(&self) -> TemplateLimits {
+        self.limits
+    }
+
+    /// The longest token's length in bytes (an upper bound): a text of more than
+    /// `max_tokens × max_token_bytes()` bytes has more than `max_tokens` tokens, which is how
+    /// [`encode_limited`](Self::encode_limited) refuses it without tokenising it.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// The ids that end generation, as llama.cpp's `llama_vocab::is_eog` decides: the end id
+    /// (`tokenizer.ggml.eos_token_id`), `tokenizer.ggml.eot_token_id` and
+    /// `tokenizer.ggml.eom_token_id` when the file has them, and every control token spelled
+    /// as one of the usual end markers (`<|endoftext|>`, `<|im_end|>`, `<|eot_id|>`,
+    /// `<|eom_id|>`, `<|end|>`, `<end_of_turn>`, `<|end_of_text|>`, `<EOT>`, `</s>`). Sorted,
+    /// without repeats.
+    pub fn end_of_generation_ids(&self) -> &[u32] {
+        &self.end_of_generation
+    }
+
+    /// Whether `id` ends generation (see [`end_of_generation_ids`](Self::end_of_generation_ids)).
+    pub fn is_end_of_generation(&self, id: u32) -> bool {
+        self.end_of_generation.binary_search(&id).is_ok()
     }
 
     /// The number of tokens in the file (`tokenizer.ggml.tokens`): every id is below it. It
@@ -219,13 +298,26 @@ impl GgufTokenizer {
         let mut tokenizer = Tokenizer::new(bpe);
         tokenizer.with_pre_tokenizer(Some(ByteLevel::new(add_prefix_space, true, true)));
         tokenizer.with_decoder(Some(ByteLevelDecoder::default()));
-        let control: Vec<AddedToken> = tokens
+        let plain = Arc::new(tokenizer.clone());
+        let is_control = |i: usize| types.get(i).copied().flatten() == Some(3);
+        let added: Vec<AddedToken> = tokens
             .iter()
-            .zip(&types)
-            .filter(|(t, ty)| **ty == Some(3) && byte_level(t))
-            .map(|(t, _)| AddedToken::from(t.to_string(), true))
+            .enumerate()
+            .filter(|(i, t)| is_control(*i) && byte_level(t))
+            .map(|(_, t)| AddedToken::from(t.to_string(), true))
             .collect();
-        tokenizer.add_special_tokens(&control);
+        tokenizer.add_special_tokens(&added);
+        // The id the tokenizer gives each control token's text (the later of two alike ids).
+        let mut control: Vec<(String, u32)> = added
+            .iter()
+            .filter_map(|t| Some((t.content.clone(), tokenizer.token_to_id(&t.content)?)))
+            .collect();
+        control.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        control.dedup_by(|a, b| a.0 == b.0);
+        // A byte-level token of n characters stands for n bytes; a respelled one for its
+        // UTF-8 bytes; a control token for its text: each at most `t.len()` bytes.
+        let max_token_bytes = tokens.iter().map(|t| t.len()).max().unwrap_or(1).max(1);
+        let control_has_space = control.iter().any(|(t, _)| t.contains(' '));
         let id = |key: &str| -> Result<Option<u32>, GgufError> {
             match gguf.opt_usize(key)? {
                 Some(id) if id >= tokens.len() => Err(GgufError::metadata(
@@ -241,7 +333,19 @@ impl GgufTokenizer {
                 "absent: generation would never stop",
             )
         })?;
-        Ok(Self {
+        let mut end_of_generation = vec![eos_id];
+        end_of_generation.extend(id("tokenizer.ggml.eot_token_id")?);
+        end_of_generation.extend(id("tokenizer.ggml.eom_token_id")?);
+        end_of_generation.extend(
+            tokens
+                .iter()
+                .enumerate()
+                .filter(|(i, t)| is_control(*i) && END_OF_GENERATION_TEXTS.contains(t))
+                .map(|(i, _)| i as u32),
+        );
+        end_of_generation.sort_unstable();
+        end_of_generation.dedup();
+        let this = Self {
             n_tokens: tokens.len(),
             tokenizer,
             bos_id: id("tokenizer.ggml.bos_token_id")?,
@@ -256,7 +360,16 @@ impl GgufTokenizer {
                 .get("tokenizer.chat_template")
                 .and_then(Value::as_str)
                 .map(str::to_string),
-        })
+            plain,
+            control: Arc::new(control),
+            max_token_bytes,
+            control_has_space,
+            end_of_generation,
+            limits: TemplateLimits::default(),
+            hostile: Arc::new(AtomicBool::new(false)),
+        };
+        this.probe_chat_template()?;
+        Ok(this)
     }
 
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are matched
@@ -293,57 +406,6 @@ impl GgufTokenizer {
             inner: self.tokenizer.decode_stream(true),
             vocab: self.n_tokens,
         }
-    }
-
-    /// `messages` rendered through the file's chat template, ending with the assistant's turn
-    /// when `add_generation_prompt` (the template decides; SmolLM2's adds its default system
-    /// message when the conversation has none).
-    ///
-    /// # Errors
-    /// [`LlmError::Template`] when the file has no template, it does not render, or it runs
-    /// more than [`CHAT_TEMPLATE_FUEL`] instructions.
-    pub fn render_chat(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-    ) -> Result<String, LlmError> {
-        let source = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| LlmError::Template("the file has no tokenizer.chat_template".into()))?;
-        let mut env = Environment::new();
-        // The template is a program from the file: its loops are bounded by fuel, so that a
-        // template that never ends (or takes minutes) is an error, not a request that never
-        // answers. Ten million instructions: SmolLM2's template renders a conversation in
-        // about thirty per message.
-        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
-        // As `transformers` renders chat templates.
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_function(
-            "raise_exception",
-            |message: String| -> Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(
-                    minijinja::ErrorKind::InvalidOperation,
-                    message,
-                ))
-            },
-        );
-        let template = env
-            .template_from_str(source)
-            .map_err(|e| LlmError::Template(e.to_string()))?;
-        let token = |id: Option<u32>| {
-            id.and_then(|id| self.tokenizer.id_to_token(id))
-                .unwrap_or_default()
-        };
-        template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => token(self.bos_id),
-                eos_token => token(Some(self.eos_id)),
-            })
-            .map_err(|e| LlmError::Template(e.to_string()))
     }
 }
 
