@@ -58,6 +58,10 @@ use thiserror::Error;
 /// its budget and its stack.
 pub const MAX_STUCK: usize = 64;
 
+/// The longest [`run_with_budget`] waits for its closure (a chat template's rendering takes
+/// milliseconds; minijinja's fuel stops a long one well before this).
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
 /// The stack of a budgeted thread: 16 MiB of address space (pages are only taken as used),
 /// room for the engine's deepest recursion (minijinja stops at 500 levels).
 pub const STACK_BYTES: usize = 16 << 20;
@@ -225,6 +229,13 @@ pub enum OverBudget {
     /// [`MAX_STUCK`] threads are already blocked over their budget: nothing more is run.
     #[error("refused: {MAX_STUCK} earlier computations are blocked over their memory budget")]
     TooManyBlocked,
+    /// The closure ran past [`MAX_WAIT`] (its thread is counted as blocked): it may wait on a
+    /// lock held by a thread blocked over its budget.
+    #[error("it did not finish within {after:?}")]
+    TimedOut {
+        /// [`MAX_WAIT`].
+        after: Duration,
+    },
     /// The thread could not be started, or the closure panicked.
     #[error("its thread failed: {0}")]
     Thread(String),
@@ -261,15 +272,22 @@ pub fn run_with_budget<T: Send + 'static>(
             let _ = FLAG.try_with(|f| f.set(Arc::as_ptr(&flag)));
             let _ = USED.try_with(|u| u.set(0));
             let _ = LIMIT.try_with(|l| l.set(budget));
-            let out = f();
+            // A panic in `f` is caught here, so that the budget and the flag's pointer are
+            // cleared before `flag` can be dropped (on every path out of `f` but the one that
+            // blocks for good): the panic's own allocations (its message, a backtrace) then
+            // count against no budget, and `raise` never sees a freed flag.
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             let _ = LIMIT.try_with(|l| l.set(usize::MAX));
             let _ = FLAG.try_with(|f| f.set(std::ptr::null()));
-            let _ = tx.send(out);
+            if let Ok(out) = out {
+                let _ = tx.send(out);
+            }
             drop(flag);
         });
     if let Err(e) = spawned {
         return Err(OverBudget::Thread(e.to_string()));
     }
+    let deadline = std::time::Instant::now() + MAX_WAIT;
     loop {
         match rx.recv_timeout(Duration::from_millis(1)) {
             Ok(out) => return Ok(out),
@@ -277,6 +295,13 @@ pub fn run_with_budget<T: Send + 'static>(
                 if flag.load(Ordering::SeqCst) {
                     STUCK.fetch_add(1, Ordering::Relaxed);
                     return Err(OverBudget::Exceeded { budget });
+                }
+                // A thread blocked without raising its flag: e.g. waiting on a lock (a lazily
+                // filled `OnceLock` of the template engine) that another budgeted thread took
+                // before it blocked for good. Counted as blocked, never waited for for ever.
+                if std::time::Instant::now() >= deadline {
+                    STUCK.fetch_add(1, Ordering::Relaxed);
+                    return Err(OverBudget::TimedOut { after: MAX_WAIT });
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {

@@ -173,7 +173,8 @@ async fn admit<B: Backend>(
     }
     // A body of unknown length (chunked) may be as long as the limit.
     let bytes = declared.map_or(config.body_limit, |n| n as usize);
-    let bytes = (bytes.min(config.body_limit) as u32).max(1);
+    // The semaphore holds at most `u32::MAX` permits (lib.rs caps it there too).
+    let bytes = (bytes.min(config.body_limit).min(u32::MAX as usize) as u32).max(1);
     let permit = tokio::time::timeout(
         config.idle_timeout,
         Arc::clone(&state.admission).acquire_many_owned(bytes),

@@ -167,6 +167,11 @@ impl GgufTokenizer {
                 Err(TemplateLimit::Memory { budget }.into())
             }
             Err(OverBudget::TooManyBlocked) => Err(TemplateLimit::TooManyIncidents.into()),
+            // Its thread is counted as blocked: refused from now on, as over budget.
+            Err(e @ OverBudget::TimedOut { .. }) => {
+                self.hostile.store(true, Ordering::Relaxed);
+                Err(LlmError::Template(e.to_string()))
+            }
             Err(e) => Err(LlmError::Template(e.to_string())),
         }
     }

@@ -50,6 +50,11 @@ impl<I: hyper::rt::Write + Unpin> JsonParseErrors<I> {
 /// hyper's own answer to a request it could not parse, rewritten with OpenAI's error JSON; `None`
 /// for every other write.
 pub(crate) fn rewrite_parse_error(buf: &[u8]) -> Option<Vec<u8>> {
+    // Cheap for every other write (a response's body may be megabytes): hyper's error heads
+    // are short and begin so.
+    if buf.len() > 1024 || !buf.starts_with(b"HTTP/1.1 4") {
+        return None;
+    }
     let head = std::str::from_utf8(buf).ok()?;
     let head = head.strip_suffix("\r\n\r\n")?;
     let mut lines = head.split("\r\n");
@@ -119,6 +124,28 @@ impl<I: hyper::rt::Write + Unpin> hyper::rt::Write for JsonParseErrors<I> {
             return Poll::Ready(Ok(buf.len()));
         }
         Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    /// As the connection's, so that hyper keeps writing a response's head and body without
+    /// copying them into one buffer.
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let mut non_empty = bufs.iter().filter(|b| !b.is_empty());
+        match (non_empty.next(), non_empty.next()) {
+            // One piece: perhaps an error head alone, which `poll_write` rewrites.
+            (Some(only), None) => self.poll_write(cx, only),
+            _ => {
+                ready!(self.poll_pending(cx))?;
+                Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+            }
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
