@@ -97,8 +97,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // A server must give memory back after a burst of requests (issue 43); every other command
     // is one job whose peak the process keeps until it exits anyway.
-    if !matches!(cli.command, Command::Serve(_)) {
-        xfmr_cli::alloc::keep_memory();
+    match cli.command {
+        Command::Serve(_) => xfmr_cli::alloc::purge_promptly(),
+        _ => xfmr_cli::alloc::keep_memory(),
     }
     let result = match cli.command {
         Command::Train(args) => train::run(args),

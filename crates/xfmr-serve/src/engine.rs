@@ -23,6 +23,7 @@ use xfmr_llm::{GgufTokenizer, QuantizedLlama, TextStream};
 use xfmr_models::generate::TokenChooser;
 
 use crate::error::ApiError;
+use crate::IdleHook;
 
 /// Why a generation ended (OpenAI's `finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +129,7 @@ impl Engine {
         max_batch: usize,
         max_waiting: usize,
         prefix_cache_bytes: usize,
+        on_idle: IdleHook,
     ) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel();
         let load = Arc::new(AtomicUsize::new(0));
@@ -140,7 +142,7 @@ impl Engine {
                 decode_loop(
                     &model,
                     &tokenizer,
-                    rx,
+                    Jobs { rx, on_idle },
                     max_batch.max(1),
                     PrefixCache::new(prefix_cache_bytes),
                     &thread_load,
@@ -332,10 +334,31 @@ fn keep(a: &Active<'_>, prefixes: &mut PrefixCache) {
     prefixes.store(&tokens, &a.cache);
 }
 
+/// The engine's queue, and what its thread does before it waits on it.
+struct Jobs {
+    rx: Receiver<Job>,
+    on_idle: IdleHook,
+}
+
+impl Jobs {
+    /// The next job: at once if one waits, else after the idle hook, blocking. `Err` once
+    /// every sender is gone.
+    fn wait(&self) -> Result<Job, mpsc::RecvError> {
+        match self.rx.try_recv() {
+            Ok(job) => Ok(job),
+            Err(TryRecvError::Empty) => {
+                (self.on_idle)();
+                self.rx.recv()
+            }
+            Err(TryRecvError::Disconnected) => Err(mpsc::RecvError),
+        }
+    }
+}
+
 fn decode_loop(
     model: &QuantizedLlama,
     tokenizer: &GgufTokenizer,
-    jobs: Receiver<Job>,
+    jobs: Jobs,
     max_batch: usize,
     mut prefixes: PrefixCache,
     load: &AtomicUsize,
@@ -347,13 +370,14 @@ fn decode_loop(
     loop {
         // Join: wait when idle, else take whoever is waiting, up to the batch size.
         if active.is_empty() {
-            match jobs.recv() {
+            let job = jobs.wait();
+            match job {
                 Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes)),
                 Err(_) => return,
             }
         }
         while active.len() < max_batch {
-            match jobs.try_recv() {
+            match jobs.rx.try_recv() {
                 Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes)),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if active.is_empty() => return,

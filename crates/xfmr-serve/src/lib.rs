@@ -142,7 +142,7 @@ pub struct ServeConfig {
     /// `xfmr serve` sets the one chosen for the run on its validation split
     /// ([`xfmr_train::translate::DecodingChoice`]).
     pub translation_length_penalty: f64,
-    /// Request-body bytes admitted at once, across all requests (Default: 8 MiB, eight
+    /// Request-body bytes admitted at once, across all requests (Default: 4 MiB, four
     /// bodies at the default `body_limit`; never below `body_limit`). A request reserves its
     /// `Content-Length` (the body limit when it sends none) before its body is read and keeps
     /// it until its handler answers, so that what parsing and tokenising cost is bounded by
@@ -177,7 +177,7 @@ impl Default for ServeConfig {
             idle_timeout: Duration::from_secs(30),
             prefix_cache_bytes: 128 << 20,
             translation_length_penalty: xfmr_models::BeamOptions::default().length_penalty,
-            max_body_bytes_in_flight: 8 << 20,
+            max_body_bytes_in_flight: 4 << 20,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
             log_requests: false,
@@ -227,7 +227,12 @@ pub struct Server<B: Backend> {
     llm: Option<(String, QuantizedLlama, GgufTokenizer)>,
     embeddings: Option<(String, SentenceEncoder<B>)>,
     translation: Option<(String, Transformer<B>, SubwordTokenizer)>,
+    on_idle: IdleHook,
 }
+
+/// A function each of the server's threads calls when it runs out of work
+/// ([`Server::on_idle`]).
+pub type IdleHook = Arc<dyn Fn() + Send + Sync>;
 
 impl<B: Backend> Server<B> {
     /// No models yet.
@@ -237,7 +242,22 @@ impl<B: Backend> Server<B> {
             llm: None,
             embeddings: None,
             translation: None,
+            on_idle: Arc::new(|| {}),
         }
+    }
+
+    /// Calls `hook` on each of the server's threads whenever it runs out of work: on the HTTP
+    /// threads before they park or end (an idle blocking thread ends after 1 s), on the encoder
+    /// models' and the language model's threads when their queue is empty (Default: nothing).
+    ///
+    /// This is where an allocator with per-thread caches gives memory back: mimalloc keeps
+    /// the pages an idle thread freed until that thread allocates again, so after a burst of
+    /// requests the server would hold its peak. `xfmr serve` passes mimalloc's
+    /// `mi_collect(true)` (docs/reliability.md, "Hostile clients"). `hook` runs often under
+    /// light load: it should cost microseconds.
+    pub fn on_idle(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_idle = Arc::new(hook);
+        self
     }
 
     /// Serves a language model under `name` (chat, completions, attention). It must hold its
@@ -328,6 +348,7 @@ impl<B: Backend> Server<B> {
                     config.max_batch,
                     config.max_waiting,
                     config.prefix_cache_bytes,
+                    Arc::clone(&self.on_idle),
                 )
                 .map_err(ServeError::Runtime)?;
                 Some(Llm {
@@ -350,7 +371,8 @@ impl<B: Backend> Server<B> {
                 .as_ref()
                 .map(|l| (Arc::clone(&l.model), Arc::clone(&l.tokenizer))),
         };
-        let worker = Worker::spawn(models, config.max_waiting).map_err(ServeError::Runtime)?;
+        let worker = Worker::spawn(models, config.max_waiting, Arc::clone(&self.on_idle))
+            .map_err(ServeError::Runtime)?;
         let idle = config.idle_timeout;
         // Never below one body at the limit, so that every admissible request can be admitted.
         let in_flight = config
@@ -367,11 +389,18 @@ impl<B: Backend> Server<B> {
             admission: Arc::new(tokio::sync::Semaphore::new(in_flight)),
             bound: local,
         }));
-        // Two threads for HTTP: the models compute on their own threads.
+        // Two threads for HTTP: the models compute on their own threads. Tokenising a
+        // prompt hands a thread over to the blocking pool (`block_in_place`); the pool's idle
+        // threads end after a second rather than tokio's ten, running the hook first, so
+        // that what they freed goes back too.
+        let (on_park, on_stop) = (Arc::clone(&self.on_idle), self.on_idle);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .thread_name("xfmr-serve-http")
+            .thread_keep_alive(Duration::from_secs(1))
+            .on_thread_park(move || on_park())
+            .on_thread_stop(move || on_stop())
             .build()
             .map_err(ServeError::Runtime)?;
         let (shutdown, stop) = watch::channel(false);

@@ -8,7 +8,7 @@
 //! decoding steps, between embedding batches), so that the thread is free for the next.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{self, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use xfmr_sentence::SentenceEncoder;
 use xfmr_train::SubwordTokenizer;
 
 use crate::error::ApiError;
+use crate::IdleHook;
 
 /// The models the worker owns.
 pub(crate) struct Models<B: Backend> {
@@ -51,17 +52,27 @@ pub(crate) struct Worker<B: Backend> {
 }
 
 impl<B: Backend> Worker<B> {
-    /// Starts the thread; at most `capacity` tasks wait.
-    pub fn spawn(models: Models<B>, capacity: usize) -> std::io::Result<Self> {
+    /// Starts the thread; at most `capacity` tasks wait; `on_idle` runs whenever the queue
+    /// is empty.
+    pub fn spawn(models: Models<B>, capacity: usize, on_idle: IdleHook) -> std::io::Result<Self> {
         let (tasks, rx) = mpsc::sync_channel::<Task<B>>(capacity);
         thread::Builder::new()
             .name("xfmr-serve-encoders".into())
-            .spawn(move || {
-                for task in rx {
-                    // A panicking task drops its reply sender: its handler answers 500, and
-                    // the next task runs.
-                    let _ = catch_unwind(AssertUnwindSafe(|| task(&models)));
-                }
+            .spawn(move || loop {
+                let task = match rx.try_recv() {
+                    Ok(task) => task,
+                    Err(TryRecvError::Empty) => {
+                        on_idle();
+                        match rx.recv() {
+                            Ok(task) => task,
+                            Err(_) => return,
+                        }
+                    }
+                    Err(TryRecvError::Disconnected) => return,
+                };
+                // A panicking task drops its reply sender: its handler answers 500, and the
+                // next task runs.
+                let _ = catch_unwind(AssertUnwindSafe(|| task(&models)));
             })?;
         Ok(Self { tasks, capacity })
     }

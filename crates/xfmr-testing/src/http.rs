@@ -192,3 +192,84 @@ impl Events {
         let _ = self.reader.into_inner().shutdown(std::net::Shutdown::Both);
     }
 }
+
+/// A process's resident memory before, during and after a burst of requests ([`burst`]),
+/// bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct BurstMemory {
+    /// `VmRSS` before the burst.
+    pub idle: u64,
+    /// The highest `VmRSS` sampled every 2 ms during the burst, or the process's high-water
+    /// mark `VmHWM` after it if higher (which counts any earlier peak too: only stricter).
+    pub peak: u64,
+    /// `VmRSS` `settle` after the last answer.
+    pub after: u64,
+}
+
+/// `VmRSS` and `VmHWM` of process `pid`, bytes (Linux's `/proc/PID/status`).
+pub fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status: {e}"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|kib| kib.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+            * 1024
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Sends `clients` requests at once (`send` on a thread each, returning the status) to the
+/// server in process `pid`, sampling its memory meanwhile; returns every status and the
+/// memory (issue 43's burst of large prompts). Call it after a warm-up, so that `idle`
+/// includes what the first request of a kind allocates once.
+pub fn burst(
+    pid: u32,
+    clients: usize,
+    settle: Duration,
+    send: impl Fn() -> u16 + Sync,
+) -> (Vec<u16>, BurstMemory) {
+    let (idle, _) = memory_of(pid);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (statuses, sampled) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                peak = peak.max(memory_of(pid).0);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak
+        });
+        let clients: Vec<_> = (0..clients).map(|_| s.spawn(&send)).collect();
+        let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (statuses, sampler.join().unwrap())
+    });
+    let (_, high_water) = memory_of(pid);
+    std::thread::sleep(settle);
+    let (after, _) = memory_of(pid);
+    let memory = BurstMemory {
+        idle,
+        peak: sampled.max(high_water),
+        after,
+    };
+    (statuses, memory)
+}
+
+/// A chat completion's body (no model named: the server's one) with one user message of about
+/// `bytes` bytes of words, and `max_tokens` 4.
+pub fn large_chat(bytes: usize) -> Vec<u8> {
+    let words = ["hello ", "the ", "there ", "world ", "of ", "tiny "];
+    let mut text = String::with_capacity(bytes + 8);
+    let mut i = 0;
+    while text.len() < bytes {
+        text.push_str(words[i % words.len()]);
+        i += 1;
+    }
+    serde_json::json!({"max_tokens": 4, "messages": [{"role": "user", "content": text}]})
+        .to_string()
+        .into_bytes()
+}

@@ -282,6 +282,19 @@ pub fn to_vec<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Vec<f64> {
         .expect("float tensor data")
 }
 
+/// An error and its sources joined by `: `, as `anyhow` prints them with `{:#}` (what the CLI
+/// shows): the tests that check a message is said once read this.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Asserts `|actual - expected| <= atol + rtol * |expected|` element-wise, and that the shapes
 /// agree. On failure names `what`, the worst element's index and both values.
 pub fn assert_close_slices(

@@ -69,7 +69,7 @@ impl LengthLadder {
             .min_len
             .max(1)
             .saturating_mul(1usize << (k / 2).min(40));
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             base
         } else {
             base.saturating_mul(3).div_ceil(2)

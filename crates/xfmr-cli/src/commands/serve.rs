@@ -116,7 +116,8 @@ fn serve<B: Backend>(args: &Args) -> Result<()> {
         ..ServeConfig::default()
     };
     let device = Default::default();
-    let mut server = Server::<B>::new(config);
+    // A burst's memory goes back to the kernel once each thread is idle (issue 43).
+    let mut server = Server::<B>::new(config).on_idle(xfmr_cli::alloc::release_memory);
     if let Some(llm) = &args.llm {
         let t = Instant::now();
         let path = gguf_path(llm)?;

@@ -4,8 +4,8 @@
 //! 10¹² values) or a panic (burn's record loader, a shape that disagrees at inference): a panic
 //! fails the test, an abort kills the test binary.
 
-use std::error::Error;
 use std::path::Path;
+use xfmr_testing::error_chain;
 
 use serde_json::Value;
 use xfmr_blocks::LayerConfig;
@@ -289,18 +289,6 @@ fn longest_digit_run(text: &str) -> usize {
         .unwrap_or(0)
 }
 
-/// The error and its sources as `anyhow` prints them with `{:#}` (what the CLI shows).
-fn chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// Errors that carry an OS error (a missing checkpoint, a weights file that is a directory, a
 /// file that cannot be written) print its message once, and the path once, also through the
 /// source chain.
@@ -314,7 +302,7 @@ fn hostile_file_error_names_os_message_once() {
     std::fs::remove_file(&weights).unwrap();
     std::fs::create_dir(&weights).unwrap();
     let e = load_err::<TransformerConfig>(&dir);
-    let text = chain(&e);
+    let text = error_chain(&e);
     assert_eq!(text.matches("os error").count(), 1, "{text}");
     assert_eq!(
         text.matches(&*weights.to_string_lossy()).count(),
@@ -325,7 +313,7 @@ fn hostile_file_error_names_os_message_once() {
     // A file listed by the manifest that is gone.
     std::fs::remove_dir(&weights).unwrap();
     let e = load_err::<TransformerConfig>(&dir);
-    let text = chain(&e);
+    let text = error_chain(&e);
     assert_eq!(text.matches("os error").count(), 1, "{text}");
     assert_eq!(
         text.matches(&*weights.to_string_lossy()).count(),
@@ -339,6 +327,6 @@ fn hostile_file_error_names_os_message_once() {
     let config = TransformerConfig::tiny(VOCAB);
     let model = config.init::<Cpu>(&Default::default()).unwrap();
     let e = checkpoint::save::<Cpu, _>(&model, &config, &blocker.join("ckpt")).unwrap_err();
-    let text = chain(&e);
+    let text = error_chain(&e);
     assert_eq!(text.matches("os error").count(), 1, "{text}");
 }

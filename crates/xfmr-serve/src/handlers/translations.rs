@@ -7,6 +7,8 @@ use axum::extract::State;
 use axum::Json;
 use burn::tensor::backend::Backend;
 use xfmr_models::generate::{BeamOptions, GenerationOptions, Strategy};
+use xfmr_train::translate::{encode_sources, translate_ids, SourceLimit};
+use xfmr_train::TrainError;
 
 use super::{pick_model, strings};
 use crate::api::{Translation, TranslationCandidate, TranslationRequest, Translations};
@@ -18,13 +20,10 @@ use crate::AppState;
 const MAX_BEAM: u64 = 16;
 /// Longest translation, tokens.
 const MAX_TRANSLATION_TOKENS: u64 = 256;
-/// Longest source sentence, tokens.
+/// Longest source sentence the server translates, tokens (its end token included), or the
+/// model's own limit where that is lower ([`SourceLimit::of_model`]): the encoder's cost grows
+/// with the square of a source's length, and one thread serves every request.
 const MAX_SOURCE_TOKENS: usize = 512;
-/// Longest source sentence, bytes, refused before it is tokenised (tokenising a megabyte
-/// costs tens of megabytes): 64 bytes for each of [`MAX_SOURCE_TOKENS`], over ten times what a
-/// subword token of text takes (4 to 5 bytes in English or Spanish). Only a source padded with
-/// long runs of spaces could be within the token limit and over this one.
-const MAX_SOURCE_BYTES: usize = 64 * MAX_SOURCE_TOKENS;
 
 /// The handler: every source checked, then translated on the encoder models' thread.
 pub(crate) async fn translations<B: Backend>(
@@ -66,33 +65,32 @@ pub(crate) async fn translations<B: Backend>(
         .worker
         .run(timeout, move |models, cancel| {
             let (model, tokenizer) = models.translation.as_ref().expect("loaded");
-            // Each source is checked before any is translated: the encoder's cost grows with
-            // the square of its length.
-            for (i, text) in inputs.iter().enumerate() {
-                let param = format!("input[{i}]");
-                if text.len() > MAX_SOURCE_BYTES {
-                    return Err(ApiError::invalid(
-                        Some(&param),
-                        format!(
-                            "{param}: {} bytes; at most {MAX_SOURCE_BYTES} per source",
-                            text.len()
-                        ),
-                    ));
+            // Every source is checked before any is translated, one too long for the limit
+            // by bytes without tokenising it (the library's rule: one for every front end).
+            let limit = SourceLimit::of_model(model);
+            let limit = SourceLimit {
+                max_tokens: limit.max_tokens.min(MAX_SOURCE_TOKENS),
+                ..limit
+            };
+            let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+            let sources = encode_sources(tokenizer, &refs, limit).map_err(|e| match e {
+                TrainError::SourceTooLong {
+                    index,
+                    tokens,
+                    bytes,
+                    max_tokens,
+                } => {
+                    let param = format!("input[{index}]");
+                    let size = match tokens {
+                        Some(tokens) => format!("{tokens} tokens"),
+                        None => format!("{bytes} bytes, more than {max_tokens} tokens can be"),
+                    };
+                    let message =
+                        format!("{param}: {size}; at most {max_tokens} tokens per source");
+                    ApiError::invalid(Some(&param), message)
                 }
-                if cancel.is_cancelled() {
-                    return Err(ApiError::timeout(timeout));
-                }
-                let n = tokenizer
-                    .encode(text)
-                    .map_err(|e| ApiError::invalid(Some(&param), e.to_string()))?
-                    .len();
-                if n > MAX_SOURCE_TOKENS {
-                    return Err(ApiError::invalid(
-                        Some(&param),
-                        format!("{param}: {n} tokens; at most {MAX_SOURCE_TOKENS} per source"),
-                    ));
-                }
-            }
+                e => ApiError::invalid(Some("input"), format!("input: {e}")),
+            })?;
             let strategy = match beam {
                 1 => Strategy::Greedy,
                 _ => Strategy::Beam(BeamOptions {
@@ -110,8 +108,7 @@ pub(crate) async fn translations<B: Backend>(
             )
             .with_strategy(strategy)
             .with_cancel(cancel.clone());
-            let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-            xfmr_train::translate::translate(model, tokenizer, &refs, &options, 32).map_err(|e| {
+            translate_ids(model, tokenizer, &sources.ids, &options, 32).map_err(|e| {
                 failed(
                     cancel,
                     timeout,

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use xfmr_llm::Message;
 use xfmr_serve::{ServeConfig, Server};
 
-use crate::client::{get, post, Events};
+use crate::client::{burst, get, large_chat, post, BurstMemory, Events};
 use crate::server::{start, tiny_lm, translation_model, B, LLM};
 
 /// Set in the environment of the child process that [`hostile_child_server`] runs in.
@@ -177,21 +177,6 @@ impl ChildServer {
             stderr,
         }
     }
-
-    /// `VmRSS` and `VmHWM` of the child, bytes.
-    fn memory(&self) -> (u64, u64) {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let field = |name: &str| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|kib| kib.parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("no {name} in /proc/PID/status"))
-                * 1024
-        };
-        (field("VmRSS:"), field("VmHWM:"))
-    }
 }
 
 impl Drop for ChildServer {
@@ -208,21 +193,6 @@ impl Drop for ChildServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// A chat body with one user message of about `bytes` bytes of words.
-fn large_chat(bytes: usize) -> Vec<u8> {
-    let words = ["hello ", "the ", "there ", "world ", "of ", "tiny "];
-    let mut text = String::with_capacity(bytes + 8);
-    let mut i = 0;
-    while text.len() < bytes {
-        text.push_str(words[i % words.len()]);
-        i += 1;
-    }
-    json!({"model": LLM, "max_tokens": 4,
-           "messages": [{"role": "user", "content": text}]})
-    .to_string()
-    .into_bytes()
 }
 
 #[test]
@@ -249,49 +219,21 @@ fn hostile_burst_of_large_prompts_bounded_memory() {
         assert_eq!(small.status, 200);
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (idle, _) = server.memory();
-    // The burst, the child's RSS sampled every 2 ms meanwhile.
-    let (done_tx, done_rx) = mpsc::channel::<()>();
-    let sampler = {
-        let pid = server.child.id();
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while done_rx.try_recv().is_err() {
-                if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                    let rss = s
-                        .lines()
-                        .find_map(|l| l.strip_prefix("VmRSS:"))
-                        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-                        .unwrap_or(0);
-                    peak = peak.max(rss * 1024);
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            peak
-        })
-    };
     let t = Instant::now();
-    let statuses: Vec<u16> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..CLIENTS)
-            .map(|_| s.spawn(|| send(&body).status))
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let burst = t.elapsed();
-    done_tx.send(()).unwrap();
-    let sampled_peak = sampler.join().unwrap();
-    let (_, hwm) = server.memory();
+    let (statuses, memory) = burst(
+        server.child.id(),
+        CLIENTS,
+        Duration::from_millis(1500),
+        || send(&body).status,
+    );
+    let burst_time = t.elapsed();
     assert!(statuses.iter().all(|&s| s == 400), "{statuses:?}");
-    std::thread::sleep(Duration::from_millis(1500));
-    let (after, _) = server.memory();
-    let peak = sampled_peak.max(hwm);
+    let BurstMemory { idle, peak, after } = memory;
     eprintln!(
-        "burst of {CLIENTS} x 1 MB chats in {burst:?}: idle {} MiB, peak {} MiB (sampled {} \
-         MiB, high-water {} MiB), 1.5 s after {} MiB",
+        "burst of {CLIENTS} x 1 MB chats in {burst_time:?}: idle {} MiB, peak {} MiB, 1.5 s \
+         after {} MiB",
         idle / MIB,
         peak / MIB,
-        sampled_peak / MIB,
-        hwm / MIB,
         after / MIB
     );
     // Issue 43's target: the peak under 2x idle. The high-water mark counts the warm-up's
@@ -300,15 +242,15 @@ fn hostile_burst_of_large_prompts_bounded_memory() {
         peak < 2 * idle,
         "peak {peak} bytes, idle {idle} bytes: over 2x"
     );
-    // Within 10% of idle after the burst, plus 8 MiB: the allocator's caches of freed
-    // memory (glibc keeps up to its trim threshold, 128 KiB by default, at the top of each of
-    // its per-thread arenas, and the test binary's 2 HTTP threads, the model's threads and
-    // the blocking tokeniser threads may each hold one arena of 64 MiB reserved, of which
-    // only touched pages count) and the runtime's grown buffers; 8 MiB is one full
-    // admission's worth of bodies (`max_body_bytes_in_flight`), so a server that kept the
-    // burst's bodies would fail.
+    // Within 10% of idle after the burst, plus one full admission's worth of bodies
+    // (`max_body_bytes_in_flight`, 4 MiB): the allocator's caches of freed memory (glibc
+    // keeps up to its trim threshold, 128 KiB by default, at the top of each of its
+    // per-thread arenas, one for each of the 2 HTTP threads, the model's threads and the
+    // blocking tokeniser threads) and the runtime's grown buffers; a server that kept the
+    // burst's 48 bodies would fail.
+    let admission = ServeConfig::default().max_body_bytes_in_flight as u64;
     assert!(
-        after <= idle + idle / 10 + 8 * MIB,
+        after <= idle + idle / 10 + admission,
         "after {after} bytes, idle {idle} bytes: memory not returned"
     );
 }

@@ -4,8 +4,8 @@
 //! --translation`. Each load is a typed error naming the field or the tensor, in this process:
 //! a panic fails the test, an abort (an allocation of 10¹² values) kills the test binary.
 
-use std::error::Error;
 use std::path::Path;
+use xfmr_testing::error_chain;
 
 use burn::backend::NdArray;
 use serde_json::Value;
@@ -188,18 +188,6 @@ fn hostile_file_config_d_ff_disagrees_with_weights() {
     );
 }
 
-/// The error and its sources as `anyhow` prints them with `{:#}` (what the CLI shows).
-fn chain(e: &dyn Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 /// A run whose model's weights file cannot be read, or whose vocabulary is missing: the OS
 /// error's message appears once in what the CLI prints, and the path once.
 #[test]
@@ -215,7 +203,7 @@ fn hostile_file_error_names_os_message_once() {
         .load_model::<NdArray, TransformerConfig>(&Default::default())
         .map(|_| ())
         .unwrap_err();
-    let text = chain(&e);
+    let text = error_chain(&e);
     assert_eq!(text.matches("os error").count(), 1, "{text}");
     assert_eq!(
         text.matches(&*weights.to_string_lossy()).count(),
@@ -225,7 +213,7 @@ fn hostile_file_error_names_os_message_once() {
 
     std::fs::remove_file(run.tokenizer_path()).unwrap();
     let e = run.read_tokenizer().map(|_| ()).unwrap_err();
-    let text = chain(&e);
+    let text = error_chain(&e);
     assert_eq!(text.matches("os error").count(), 1, "{text}");
     assert_eq!(
         text.matches(&*run.tokenizer_path().to_string_lossy())

@@ -1,0 +1,84 @@
+//! `xfmr serve` as shipped, its allocator included (mimalloc, which `xfmr` installs and the
+//! library's own tests do not): a burst of large prompts leaves no memory behind (issue 43).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use xfmr_testing::http::{burst, get, large_chat, post, request, BurstMemory};
+use xfmr_testing::tiny_gguf::tiny_gguf_with_context;
+
+/// `xfmr serve` in a child process, killed when dropped.
+struct Serving(Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// 48 concurrent chats of 1 MB each (far over the tiny model's 4096-token context: each is
+/// refused, 400) against the `xfmr` binary serving the tiny GGUF model: the peak stays under
+/// twice the idle resident memory and, 1.5 s after the last answer, the server is back within
+/// 10 % of idle (issue 43's targets, on the shipped allocator). Without `xfmr serve` giving its
+/// threads' free pages back when they go idle, mimalloc kept the burst (2.5x idle, kept, on
+/// SmolLM2).
+#[test]
+fn serve_binary_returns_a_bursts_memory() {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.gguf");
+    std::fs::write(&model, tiny_gguf_with_context(7, 4096)).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_xfmr"))
+        .args(["serve", "--llm", model.to_str().unwrap(), "--port", "0"])
+        .arg("--no-request-log")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the xfmr binary runs");
+    let mut server = Serving(child);
+    let mut stdout = BufReader::new(server.0.stdout.take().unwrap());
+    let addr: SocketAddr = loop {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            panic!("xfmr serve ended before it listened");
+        }
+        // `xfmr serve: http://127.0.0.1:PORT/ (OpenAI API under /v1)`
+        if let Some(rest) = line.strip_prefix("xfmr serve: http://") {
+            break rest.split('/').next().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    assert_eq!(get(addr, "/health").status, 200);
+    let body = large_chat(1_000_000);
+    let send = || request(addr, "POST", "/v1/chat/completions", &body);
+    // Warm up: one of each answer, so that idle includes what a first request allocates once.
+    for _ in 0..2 {
+        let refused = send();
+        assert_eq!(refused.status, 400, "{}", refused.json());
+        assert_eq!(refused.json()["error"]["code"], "context_length_exceeded");
+        let chat = serde_json::json!({"max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(post(addr, "/v1/chat/completions", &chat).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let settle = Duration::from_millis(1500);
+    let (statuses, memory) = burst(server.0.id(), 48, settle, || send().status);
+    assert!(statuses.iter().all(|&s| s == 400), "{statuses:?}");
+    let BurstMemory { idle, peak, after } = memory;
+    eprintln!(
+        "xfmr serve, 48 x 1 MB chats: idle {} MiB, peak {} MiB, 1.5 s after {} MiB",
+        idle / MIB,
+        peak / MIB,
+        after / MIB
+    );
+    assert!(peak < 2 * idle, "peak {peak} bytes, idle {idle}: over 2x");
+    // The target's 10 %, plus 1 MiB for the runtime's grown buffers (the connection tables,
+    // hyper's read buffers that grew to a body's chunk).
+    assert!(
+        after <= idle + idle / 10 + MIB,
+        "after {after} bytes, idle {idle}: the burst's memory was kept"
+    );
+}
