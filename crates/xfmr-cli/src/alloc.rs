@@ -33,8 +33,8 @@ pub fn keep_memory() {
 /// Purge freed memory at once instead of after mimalloc's delay (1 s): `xfmr serve`'s
 /// setting, with [`release_memory`] on each idle thread. During a burst of large requests the
 /// threads' freed pages then go back to the kernel as they are freed rather than a second
-/// later (48 concurrent 1 MB chats to SmolLM2: peak 1.67x idle instead of 2.10x,
-/// docs/benchmarks.md); decoding speed did not change measurably.
+/// later (48 concurrent 1 MB chats to SmolLM2, with an earlier admission: peak 1.67x idle
+/// instead of 2.10x, docs/benchmarks.md); decoding speed did not change measurably.
 #[allow(unsafe_code)]
 pub fn purge_promptly() {
     // SAFETY: as in `keep_memory`.

@@ -23,7 +23,7 @@ use xfmr_llm::{GgufTokenizer, QuantizedLlama, TextStream};
 use xfmr_models::generate::TokenChooser;
 
 use crate::error::ApiError;
-use crate::IdleHook;
+use crate::{recv_or_idle, IdleHook};
 
 /// Why a generation ended (OpenAI's `finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,17 +341,9 @@ struct Jobs {
 }
 
 impl Jobs {
-    /// The next job: at once if one waits, else after the idle hook, blocking. `Err` once
-    /// every sender is gone.
+    /// The next job ([`recv_or_idle`]).
     fn wait(&self) -> Result<Job, mpsc::RecvError> {
-        match self.rx.try_recv() {
-            Ok(job) => Ok(job),
-            Err(TryRecvError::Empty) => {
-                (self.on_idle)();
-                self.rx.recv()
-            }
-            Err(TryRecvError::Disconnected) => Err(mpsc::RecvError),
-        }
+        recv_or_idle(&self.rx, &*self.on_idle)
     }
 }
 
@@ -370,8 +362,7 @@ fn decode_loop(
     loop {
         // Join: wait when idle, else take whoever is waiting, up to the batch size.
         if active.is_empty() {
-            let job = jobs.wait();
-            match job {
+            match jobs.wait() {
                 Ok(job) => active.push(admit(job, model, tokenizer, &mut prefixes)),
                 Err(_) => return,
             }

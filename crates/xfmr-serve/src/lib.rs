@@ -234,6 +234,23 @@ pub struct Server<B: Backend> {
 /// ([`Server::on_idle`]).
 pub type IdleHook = Arc<dyn Fn() + Send + Sync>;
 
+/// The next message on a model thread's queue: at once if one waits, else after `on_idle`,
+/// blocking. `Err` once every sender is gone.
+pub(crate) fn recv_or_idle<T>(
+    rx: &std::sync::mpsc::Receiver<T>,
+    on_idle: &dyn Fn(),
+) -> Result<T, std::sync::mpsc::RecvError> {
+    use std::sync::mpsc::{RecvError, TryRecvError};
+    match rx.try_recv() {
+        Ok(message) => Ok(message),
+        Err(TryRecvError::Empty) => {
+            on_idle();
+            rx.recv()
+        }
+        Err(TryRecvError::Disconnected) => Err(RecvError),
+    }
+}
+
 impl<B: Backend> Server<B> {
     /// No models yet.
     pub fn new(config: ServeConfig) -> Self {

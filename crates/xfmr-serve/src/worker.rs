@@ -8,7 +8,7 @@
 //! decoding steps, between embedding batches), so that the thread is free for the next.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::mpsc::{self, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ use xfmr_sentence::SentenceEncoder;
 use xfmr_train::SubwordTokenizer;
 
 use crate::error::ApiError;
-use crate::IdleHook;
+use crate::{recv_or_idle, IdleHook};
 
 /// The models the worker owns.
 pub(crate) struct Models<B: Backend> {
@@ -58,21 +58,12 @@ impl<B: Backend> Worker<B> {
         let (tasks, rx) = mpsc::sync_channel::<Task<B>>(capacity);
         thread::Builder::new()
             .name("xfmr-serve-encoders".into())
-            .spawn(move || loop {
-                let task = match rx.try_recv() {
-                    Ok(task) => task,
-                    Err(TryRecvError::Empty) => {
-                        on_idle();
-                        match rx.recv() {
-                            Ok(task) => task,
-                            Err(_) => return,
-                        }
-                    }
-                    Err(TryRecvError::Disconnected) => return,
-                };
-                // A panicking task drops its reply sender: its handler answers 500, and the
-                // next task runs.
-                let _ = catch_unwind(AssertUnwindSafe(|| task(&models)));
+            .spawn(move || {
+                while let Ok(task) = recv_or_idle(&rx, &*on_idle) {
+                    // A panicking task drops its reply sender: its handler answers 500, and
+                    // the next task runs.
+                    let _ = catch_unwind(AssertUnwindSafe(|| task(&models)));
+                }
             })?;
         Ok(Self { tasks, capacity })
     }

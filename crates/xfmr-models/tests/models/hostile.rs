@@ -5,12 +5,12 @@
 //! fails the test, an abort kills the test binary.
 
 use std::path::Path;
-use xfmr_testing::error_chain;
 
 use serde_json::Value;
 use xfmr_blocks::LayerConfig;
 use xfmr_models::checkpoint::{self, ModelConfig, CONFIG_FILE, WEIGHTS_FILE};
 use xfmr_models::{DecoderOnlyConfig, EncoderOnlyConfig, ModelError, TransformerConfig};
+use xfmr_testing::error_chain;
 
 use crate::{Cpu, Device, VOCAB};
 

@@ -5,12 +5,12 @@
 //! a panic fails the test, an abort (an allocation of 10¹² values) kills the test binary.
 
 use std::path::Path;
-use xfmr_testing::error_chain;
 
 use burn::backend::NdArray;
 use serde_json::Value;
 use xfmr_models::checkpoint::{self, ModelConfig, CONFIG_FILE, WEIGHTS_FILE};
 use xfmr_models::{DecoderOnlyConfig, ModelError, TransformerConfig};
+use xfmr_testing::error_chain;
 use xfmr_train::data::Pair;
 use xfmr_train::{RunDir, Task, TrainError};
 
