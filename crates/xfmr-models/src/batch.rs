@@ -45,28 +45,3 @@ pub fn padded_ids<B: Backend, T: Copy + Into<i64>>(
     let flat: Vec<i64> = padded.into_iter().flatten().map(Into::into).collect();
     Tensor::from_data(TensorData::new(flat, [rows.len(), len]), device)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rows_are_padded_on_the_side_asked_and_keep_their_tokens() {
-        let rows = [vec![5u32, 6, 7], vec![8], vec![]];
-        assert_eq!(
-            pad_rows(&rows, 0, PadSide::Right),
-            [vec![5, 6, 7], vec![8, 0, 0], vec![0, 0, 0]]
-        );
-        assert_eq!(
-            pad_rows(&rows, 9, PadSide::Left),
-            [vec![5, 6, 7], vec![9, 9, 8], vec![9, 9, 9]]
-        );
-        let no_rows: [Vec<u32>; 0] = [];
-        assert!(pad_rows(&no_rows, 0, PadSide::Right).is_empty());
-        let ids =
-            padded_ids::<burn::backend::NdArray, u32>(&rows, 1, PadSide::Left, &Default::default());
-        assert_eq!(ids.dims(), [3, 3]);
-        let values: Vec<i64> = ids.into_data().convert::<i64>().to_vec().unwrap();
-        assert_eq!(values, [5, 6, 7, 1, 1, 8, 1, 1, 1]);
-    }
-}

@@ -168,35 +168,3 @@ impl<'a, B: Backend> Embedder<'a, B> {
         Ok(out)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use burn::backend::NdArray;
-    use xfmr_models::generate::Cancel;
-    use xfmr_models::{EncoderOnlyConfig, ModelError};
-
-    use super::Embedder;
-    use crate::SentenceError;
-
-    #[test]
-    fn embedding_stops_once_cancelled_and_is_unchanged_otherwise() {
-        let device = Default::default();
-        let model = EncoderOnlyConfig::new(50, EncoderOnlyConfig::bert_layer(16, 2, 32), 1)
-            .init::<NdArray>(&device)
-            .unwrap();
-        let embedder = Embedder::new(&model, &device).with_batch_size(1);
-        let ids = [vec![1, 5, 7, 2], vec![1, 9, 2]];
-        let token = Cancel::new();
-        assert_eq!(
-            embedder.embed_ids_with_cancel(&ids, &token).unwrap(),
-            embedder.embed_ids(&ids).unwrap()
-        );
-        let cancelled = |r: Result<Vec<Vec<f32>>, SentenceError>| {
-            matches!(r, Err(SentenceError::Model(ModelError::Cancelled)))
-        };
-        token.cancel();
-        assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &token)));
-        let past = Cancel::with_deadline(std::time::Instant::now());
-        assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &past)));
-    }
-}

@@ -7,7 +7,7 @@
 //! The model itself is not in the repository, so these tests are `#[ignore]`d, with the command
 //! that enables them in the reason (`cargo test` lists them as ignored). Run with `--ignored`
 //! they fail, naming the fetch command, when the model is absent. `.ci/run` fetches it and runs
-//! them.
+//! them. The embedder's cancellation test at the end needs no model.
 
 use burn::backend::{Flex, NdArray, Wgpu};
 use burn::tensor::backend::Backend;
@@ -161,4 +161,33 @@ fn minilm_matches_transformers_on_flex() {
 #[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-sentence -- --ignored`"]
 fn minilm_matches_transformers_on_wgpu() {
     check::<Wgpu>(1e-3, "wgpu");
+}
+
+/// The [`Embedder`](xfmr_sentence::Embedder) of any encoder-only model (a random tiny one, no
+/// download): with a live cancel token it embeds as without one; cancelled, or past its
+/// deadline, it stops with `ModelError::Cancelled`.
+#[test]
+fn embedding_stops_once_cancelled_and_is_unchanged_otherwise() {
+    use xfmr_models::generate::Cancel;
+    use xfmr_models::{EncoderOnlyConfig, ModelError};
+    use xfmr_sentence::{Embedder, SentenceError};
+
+    let device = Default::default();
+    let model = EncoderOnlyConfig::new(50, EncoderOnlyConfig::bert_layer(16, 2, 32), 1)
+        .init::<NdArray>(&device)
+        .unwrap();
+    let embedder = Embedder::new(&model, &device).with_batch_size(1);
+    let ids = [vec![1, 5, 7, 2], vec![1, 9, 2]];
+    let token = Cancel::new();
+    assert_eq!(
+        embedder.embed_ids_with_cancel(&ids, &token).unwrap(),
+        embedder.embed_ids(&ids).unwrap()
+    );
+    let cancelled = |r: Result<Vec<Vec<f32>>, SentenceError>| {
+        matches!(r, Err(SentenceError::Model(ModelError::Cancelled)))
+    };
+    token.cancel();
+    assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &token)));
+    let past = Cancel::with_deadline(std::time::Instant::now());
+    assert!(cancelled(embedder.embed_ids_with_cancel(&ids, &past)));
 }

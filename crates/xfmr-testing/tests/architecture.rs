@@ -353,6 +353,61 @@ fn architecture_no_source_file_over_500_lines() {
     );
 }
 
+/// A library or binary built without its test harness (`test = false`, which keeps CI's
+/// build short) has no unit tests: they would never run. Its tests belong in `tests/`.
+#[test]
+fn architecture_no_unit_tests_in_targets_built_without_tests() {
+    let mut checked = 0;
+    for member in members() {
+        let untested =
+            |target: &toml::Value| target.get("test").and_then(|t| t.as_bool()) == Some(false);
+        let mut roots = Vec::new();
+        if member.manifest.get("lib").is_some_and(untested) {
+            roots.push(member.dir.join("src/lib.rs"));
+        }
+        for bin in member
+            .manifest
+            .get("bin")
+            .and_then(|b| b.as_array())
+            .into_iter()
+            .flatten()
+        {
+            if untested(bin) {
+                if let Some(path) = bin.get("path").and_then(|p| p.as_str()) {
+                    roots.push(member.dir.join(path));
+                }
+            }
+        }
+        // A target's modules lie in its own directory; a library's `src/` is shared with a
+        // binary at `src/main.rs` only when both are untested, which the check covers either way.
+        for root_file in roots {
+            let mut files = Vec::new();
+            match root_file.file_name().and_then(|n| n.to_str()) {
+                Some("lib.rs") | Some("main.rs")
+                    if root_file.parent() == Some(&member.dir.join("src")) =>
+                {
+                    rust_files(&member.dir.join("src"), &mut files)
+                }
+                _ => files.push(root_file.clone()),
+            }
+            for file in files {
+                checked += 1;
+                let text = read(&file);
+                assert!(
+                    !text.contains("#[cfg(test)]") && !text.contains("#[test]"),
+                    "{} has unit tests, but {}'s target {} is built with `test = false`: they \
+                     would never run; move them to {}/tests/",
+                    relative(&file),
+                    member.name,
+                    relative(&root_file),
+                    relative(&member.dir),
+                );
+            }
+        }
+    }
+    assert!(checked > 20, "checked only {checked} files");
+}
+
 /// `path` with `.` and `..` resolved lexically.
 fn normalise(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();

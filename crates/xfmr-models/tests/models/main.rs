@@ -271,3 +271,24 @@ fn step_equals_last_row(step: &Tensor<Cpu, 2>, full: Tensor<Cpu, 3>, what: &str)
         .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
         .unwrap() as u32
 }
+
+/// `pad_rows` and `padded_ids` (the one padding helper every batch goes through).
+#[test]
+fn rows_are_padded_on_the_side_asked_and_keep_their_tokens() {
+    use xfmr_models::{pad_rows, padded_ids, PadSide};
+    let rows = [vec![5u32, 6, 7], vec![8], vec![]];
+    assert_eq!(
+        pad_rows(&rows, 0, PadSide::Right),
+        [vec![5, 6, 7], vec![8, 0, 0], vec![0, 0, 0]]
+    );
+    assert_eq!(
+        pad_rows(&rows, 9, PadSide::Left),
+        [vec![5, 6, 7], vec![9, 9, 8], vec![9, 9, 9]]
+    );
+    let no_rows: [Vec<u32>; 0] = [];
+    assert!(pad_rows(&no_rows, 0, PadSide::Right).is_empty());
+    let ids = padded_ids::<NdArray, u32>(&rows, 1, PadSide::Left, &Default::default());
+    assert_eq!(ids.dims(), [3, 3]);
+    let values: Vec<i64> = ids.into_data().convert::<i64>().to_vec().unwrap();
+    assert_eq!(values, [5, 6, 7, 1, 1, 8, 1, 1, 1]);
+}
