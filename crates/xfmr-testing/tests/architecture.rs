@@ -365,19 +365,14 @@ fn architecture_no_unit_tests_in_targets_built_without_tests() {
         if member.manifest.get("lib").is_some_and(untested) {
             roots.push(member.dir.join("src/lib.rs"));
         }
-        for bin in member
-            .manifest
-            .get("bin")
-            .and_then(|b| b.as_array())
-            .into_iter()
-            .flatten()
-        {
-            if untested(bin) {
-                if let Some(path) = bin.get("path").and_then(|p| p.as_str()) {
-                    roots.push(member.dir.join(path));
-                }
-            }
-        }
+        let bins = member.manifest.get("bin").and_then(|b| b.as_array());
+        roots.extend(
+            bins.into_iter()
+                .flatten()
+                .filter(|bin| untested(bin))
+                .filter_map(|bin| bin.get("path")?.as_str())
+                .map(|path| member.dir.join(path)),
+        );
         // A library's (or `src/main.rs` binary's) modules: every file under `src/`, so an
         // untested library beside a tested `src/main.rs` would be flagged too (none is); any
         // other binary: its one file.

@@ -310,7 +310,8 @@ fn hostile_one_log_line_per_request() {
 /// beam 16, 32 batches of 32 sources. The 6-step tiny model ends its translations at once, so
 /// that the time is the encoder's and the first decoding steps': about 2.6 s a batch on the
 /// 2-core development machine in the test profile (256 such sources took 20.7 s uncancelled),
-/// over a minute for the request (at least [`LONG_AT_LEAST`]: [`hostile_long_translation_outlasts_the_freed_window`]).
+/// over a minute for the request (at least [`LONG_AT_LEAST`]:
+/// [`hostile_long_translation_outlasts_the_freed_window`]).
 fn long_translation() -> Value {
     let (_, tokenizer) = translation_model();
     let mut source = String::new();
