@@ -82,9 +82,10 @@ impl Observer for ProgressLines {
                  {fingerprint:016x}"
             )),
             Event::Validation { step, loss, .. } => self.line(format!(
-                "step {step}: validation loss {:.3}, perplexity {:.1}",
+                "step {step}: validation loss {:.3}, perplexity {:.1}, token accuracy {:.1}%",
                 loss.loss,
-                loss.perplexity()
+                loss.perplexity(),
+                100.0 * loss.accuracy()
             )),
             Event::Checkpoint { .. } | Event::Agreement { .. } => {}
             Event::Finished(summary) => {

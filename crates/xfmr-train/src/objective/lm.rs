@@ -6,7 +6,7 @@ use xfmr_models::DecoderOnlyConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, ModelOf, Objective, Outputs,
 };
 use crate::ladder::{record_shape, BatchShape};
 use crate::tokenizer::SubwordTokenizer;
@@ -82,14 +82,22 @@ impl Objective for CausalLm {
         position_limit(&self.model.layer.positions, self.model.max_len)
     }
 
-    fn loss<B: Backend>(
+    fn label_smoothing(&self) -> f64 {
+        self.label_smoothing
+    }
+
+    fn pad_id(&self) -> u32 {
+        self.model.pad_id
+    }
+
+    fn outputs<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Vec<u32>],
         _draws: &[u64],
         shape: Option<BatchShape>,
         device: &B::Device,
-    ) -> Result<BatchLoss<B>, TrainError> {
+    ) -> Result<Outputs<B>, TrainError> {
         let inputs: Vec<Vec<u32>> = batch
             .iter()
             .map(|e| framed(Some(self.bos_id), e, None))
@@ -104,13 +112,10 @@ impl Objective for CausalLm {
         let ids = padded(inputs, pad, &[self.bos_id], shape, device);
         let [rows, len] = ids.dims();
         record_shape("lm", [rows, len, len]);
-        let logits = model.forward(ids)?;
-        let loss = smoothed_loss(
-            logits,
-            padded(outputs, pad, &[], shape, device),
-            pad,
-            self.label_smoothing,
-        )?;
-        Ok(BatchLoss { loss, input_tokens })
+        Ok(Outputs {
+            logits: model.forward(ids)?,
+            targets: padded(outputs, pad, &[], shape, device),
+            input_tokens,
+        })
     }
 }

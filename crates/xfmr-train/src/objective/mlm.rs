@@ -8,7 +8,7 @@ use xfmr_models::EncoderOnlyConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, ModelOf, Objective, Outputs,
 };
 use crate::data::SplitMix64;
 use crate::ladder::{record_shape, BatchShape};
@@ -192,14 +192,22 @@ impl Objective for MaskedLm {
         position_limit(&self.model.layer.positions, self.model.max_len)
     }
 
-    fn loss<B: Backend>(
+    fn label_smoothing(&self) -> f64 {
+        self.label_smoothing
+    }
+
+    fn pad_id(&self) -> u32 {
+        self.model.pad_id
+    }
+
+    fn outputs<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Vec<u32>],
         draws: &[u64],
         shape: Option<BatchShape>,
         device: &B::Device,
-    ) -> Result<BatchLoss<B>, TrainError> {
+    ) -> Result<Outputs<B>, TrainError> {
         let pad = self.model.pad_id;
         let (mut inputs, mut targets) = (Vec::new(), Vec::new());
         for (example, &draw) in batch.iter().zip(draws) {
@@ -220,12 +228,10 @@ impl Objective for MaskedLm {
         record_shape("mlm", [rows, len, len]);
         let mask = model.padding_mask(ids.clone());
         let hidden = model.forward(ids, None, Some(&mask))?;
-        let loss = smoothed_loss(
-            model.mlm_logits(hidden)?,
-            padded(targets, pad, &[], shape, device),
-            pad,
-            self.label_smoothing,
-        )?;
-        Ok(BatchLoss { loss, input_tokens })
+        Ok(Outputs {
+            logits: model.mlm_logits(hidden)?,
+            targets: padded(targets, pad, &[], shape, device),
+            input_tokens,
+        })
     }
 }

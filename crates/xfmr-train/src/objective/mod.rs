@@ -20,7 +20,7 @@
 use std::fmt::Debug;
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{ElementConversion, Int, Tensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use xfmr_models::checkpoint::ModelConfig;
@@ -83,13 +83,35 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
         None
     }
 
-    /// The loss of `model` on `batch` (one draw per example, see the module docs), padded to
-    /// `shape` (every sequence to `shape.len` tokens, and rows that predict nothing up to
-    /// `shape.rows`; see [`crate::ladder`]) or, with `None`, to the batch's longest sequence.
-    /// Padding does not change the loss.
+    /// The label smoothing ε of the objective's loss.
+    fn label_smoothing(&self) -> f64;
+
+    /// The padding id: targets equal to it are not predicted.
+    fn pad_id(&self) -> u32;
+
+    /// What `model` predicts for `batch` (one draw per example, see the module docs) and the
+    /// targets it is scored against, padded to `shape` (every sequence to `shape.len` tokens,
+    /// and rows that predict nothing up to `shape.rows`; see [`crate::ladder`]) or, with
+    /// `None`, to the batch's longest sequence. Padding does not change the predictions of
+    /// real targets.
     ///
     /// # Errors
     /// A sequence longer than a learned position table.
+    fn outputs<B: Backend>(
+        &self,
+        model: &ModelOf<Self, B>,
+        batch: &[&Self::Example],
+        draws: &[u64],
+        shape: Option<BatchShape>,
+        device: &B::Device,
+    ) -> Result<Outputs<B>, TrainError>;
+
+    /// The loss of `model` on `batch`: the label-smoothed cross-entropy of
+    /// [`Objective::outputs`] with [`Objective::label_smoothing`], padding out of the average
+    /// and of the smoothing mass. Padding does not change the loss.
+    ///
+    /// # Errors
+    /// As [`Objective::outputs`].
     fn loss<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
@@ -97,7 +119,40 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
         draws: &[u64],
         shape: Option<BatchShape>,
         device: &B::Device,
-    ) -> Result<BatchLoss<B>, TrainError>;
+    ) -> Result<BatchLoss<B>, TrainError> {
+        let out = self.outputs(model, batch, draws, shape, device)?;
+        Ok(BatchLoss {
+            loss: smoothed_loss(
+                out.logits,
+                out.targets,
+                self.pad_id(),
+                self.label_smoothing(),
+            )?,
+            input_tokens: out.input_tokens,
+        })
+    }
+}
+
+/// What a model predicts for one batch, and the targets it is scored against.
+#[derive(Debug, Clone)]
+pub struct Outputs<B: Backend> {
+    /// Logits, `[batch, seq, vocab]`.
+    pub logits: Tensor<B, 3>,
+    /// Target ids, `[batch, seq]`; the padding id where nothing is predicted.
+    pub targets: Tensor<B, 2, Int>,
+    /// Non-padding input tokens read (the source side for translation).
+    pub input_tokens: usize,
+}
+
+impl<B: Backend> Outputs<B> {
+    /// How many targets that are not `pad` the logits rank first: the numerator of token accuracy.
+    pub fn correct(&self, pad: u32) -> usize {
+        let [batch, seq, _] = self.logits.dims();
+        let predicted = self.logits.clone().argmax(2).reshape([batch, seq]);
+        let real = self.targets.clone().not_equal_elem(pad as i64);
+        let hits = predicted.equal(self.targets.clone()).int() * real.int();
+        hits.sum().into_scalar().elem::<i64>() as usize
+    }
 }
 
 /// The loss of one batch.

@@ -7,7 +7,7 @@ use xfmr_models::TransformerConfig;
 
 use super::{
     check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, smoothed_loss, BatchLoss, ModelOf, Objective,
+    position_limit, ModelOf, Objective, Outputs,
 };
 use crate::ladder::{record_shape, BatchShape};
 use crate::tokenizer::SubwordTokenizer;
@@ -148,27 +148,29 @@ impl Objective for Translation {
         position_limit(&self.model.layer.positions, self.model.max_len)
     }
 
-    fn loss<B: Backend>(
+    fn label_smoothing(&self) -> f64 {
+        self.label_smoothing
+    }
+
+    fn pad_id(&self) -> u32 {
+        self.model.pad_id
+    }
+
+    fn outputs<B: Backend>(
         &self,
         model: &ModelOf<Self, B>,
         batch: &[&Example],
         _draws: &[u64],
         shape: Option<BatchShape>,
         device: &B::Device,
-    ) -> Result<BatchLoss<B>, TrainError> {
+    ) -> Result<Outputs<B>, TrainError> {
         let (pad, bos, eos) = (self.model.pad_id, self.bos_id, self.eos_id);
         let batch = TranslationBatch::<B>::with_shape(batch, pad, bos, eos, shape, device);
         let ([rows, src], [_, tgt]) = (batch.src.dims(), batch.tgt_in.dims());
         record_shape("translation", [rows, src, tgt]);
-        let logits = model.forward(batch.src, batch.tgt_in)?;
-        let loss = smoothed_loss(
-            logits,
-            batch.tgt_out,
-            self.model.pad_id,
-            self.label_smoothing,
-        )?;
-        Ok(BatchLoss {
-            loss,
+        Ok(Outputs {
+            logits: model.forward(batch.src, batch.tgt_in)?,
+            targets: batch.tgt_out,
             input_tokens: batch.src_tokens,
         })
     }

@@ -8,7 +8,7 @@ use burn::tensor::ElementConversion;
 use super::{TrainConfig, TrainError};
 use crate::data::{token_batches, SplitMix64};
 use crate::ladder::BatchShape;
-use crate::objective::{ModelOf, Objective};
+use crate::objective::{smoothed_loss, ModelOf, Objective};
 
 /// Token-count batches of `examples` by the objective's padded lengths
 /// ([`token_batches`]), or on `config.ladder` ([`LengthLadder::batches`](crate::ladder::LengthLadder::batches)).
@@ -73,6 +73,8 @@ pub struct EvalLoss {
     pub nll: f64,
     /// Tokens predicted.
     pub tokens: usize,
+    /// Predicted tokens whose target the model ranks first.
+    pub correct: usize,
 }
 
 impl EvalLoss {
@@ -80,9 +82,15 @@ impl EvalLoss {
     pub fn perplexity(&self) -> f64 {
         self.nll.exp()
     }
+
+    /// Token accuracy: the share of predicted tokens whose target the model ranks first
+    /// (for `--task mlm`, BERT's masked-token accuracy).
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.tokens.max(1) as f64
+    }
 }
 
-/// The loss of `model` on `examples` under `objective` (inference mode: call it on
+/// The loss and token accuracy of `model` on `examples` under `objective` (inference mode: call it on
 /// [`AutodiffModule::valid`](burn::module::AutodiffModule::valid) of the trained model, or on a
 /// loaded one), batched as training is (`config.max_tokens`, `config.ladder`); the objective's draws (masking) depend on
 /// `config.seed` and the example's index only, so every evaluation of a run scores the same
@@ -97,7 +105,7 @@ pub fn evaluate_loss<B: Backend, O: Objective>(
     examples: &[O::Example],
 ) -> Result<EvalLoss, TrainError> {
     let device = model.devices().into_iter().next().unwrap_or_default();
-    let (mut loss, mut nll, mut tokens) = (0.0, 0.0, 0);
+    let (mut loss, mut nll, mut tokens, mut correct) = (0.0, 0.0, 0, 0);
     for indices in batches_of(objective, examples, config) {
         let rows: Vec<&O::Example> = indices.iter().map(|&i| &examples[i]).collect();
         let draws: Vec<u64> = indices
@@ -105,7 +113,14 @@ pub fn evaluate_loss<B: Backend, O: Objective>(
             .map(|&i| draw(config.seed, VALIDATION_STEP, i))
             .collect();
         let shape = shape_of(objective, examples, config, &indices, 1);
-        let out = objective.loss(model, &rows, &draws, shape, &device)?.loss;
+        let outputs = objective.outputs(model, &rows, &draws, shape, &device)?;
+        correct += outputs.correct(objective.pad_id());
+        let out = smoothed_loss(
+            outputs.logits,
+            outputs.targets,
+            objective.pad_id(),
+            objective.label_smoothing(),
+        )?;
         loss += out.loss.into_scalar().elem::<f64>() * out.tokens as f64;
         nll += out.nll.into_scalar().elem::<f64>() * out.tokens as f64;
         tokens += out.tokens;
@@ -121,5 +136,6 @@ pub fn evaluate_loss<B: Backend, O: Objective>(
         loss: loss / tokens as f64,
         nll: nll / tokens as f64,
         tokens,
+        correct,
     })
 }

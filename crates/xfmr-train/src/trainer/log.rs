@@ -47,6 +47,10 @@ pub struct MetricRecord {
     pub tokens_per_s: Option<f64>,
     /// `exp(nll)` (validation).
     pub perplexity: Option<f64>,
+    /// Token accuracy, [`EvalLoss::accuracy`](super::EvalLoss::accuracy) (validation; absent in logs written before
+    /// 2026-11-28).
+    #[serde(default)]
+    pub accuracy: Option<f64>,
     /// Seconds since the run (this invocation) started.
     pub elapsed_s: f64,
 }
@@ -57,7 +61,7 @@ fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> 
 }
 
 /// The columns of the CSV format.
-const CSV_COLUMNS: [&str; 10] = [
+const CSV_COLUMNS: [&str; 11] = [
     "kind",
     "step",
     "epoch",
@@ -68,6 +72,7 @@ const CSV_COLUMNS: [&str; 10] = [
     "tokens_per_s",
     "elapsed_s",
     "perplexity",
+    "accuracy",
 ];
 
 /// The format of a metrics log.
@@ -106,6 +111,7 @@ impl MetricsFormat {
                     opt(record.tokens_per_s.map(|v| v.to_string())),
                     record.elapsed_s.to_string(),
                     opt(record.perplexity.map(|v| v.to_string())),
+                    opt(record.accuracy.map(|v| v.to_string())),
                 ]
                 .join(",")
             }
@@ -118,7 +124,8 @@ impl MetricsFormat {
             Self::Jsonl => serde_json::from_str(line).map_err(|e| e.to_string()),
             Self::Csv => {
                 let cells: Vec<&str> = line.split(',').collect();
-                if cells.len() != CSV_COLUMNS.len() {
+                // Logs written before the last column (accuracy) was added lack it.
+                if !(CSV_COLUMNS.len() - 1..=CSV_COLUMNS.len()).contains(&cells.len()) {
                     return Err(format!(
                         "{} cells, expected {} ({})",
                         cells.len(),
@@ -296,6 +303,7 @@ impl Observer for MetricsLog {
                     tokens: Some(tokens),
                     tokens_per_s: Some(rate.round()),
                     perplexity: None,
+                    accuracy: None,
                     elapsed_s: elapsed.as_secs_f64(),
                 })
             }
@@ -314,6 +322,7 @@ impl Observer for MetricsLog {
                 tokens: None,
                 tokens_per_s: None,
                 perplexity: Some(loss.perplexity()),
+                accuracy: Some(loss.accuracy()),
                 elapsed_s: elapsed.as_secs_f64(),
             }),
             _ => Ok(()),

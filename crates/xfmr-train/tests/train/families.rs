@@ -167,6 +167,63 @@ fn objective_mlm_learns_to_fill_in_repeated_tokens() {
     learns(mlm(), repeated(400, 3), &repeated(40, 4));
 }
 
+/// Token accuracy counts the predicted targets that the logits rank first, padding left out:
+/// `Outputs::correct` against the same count on the host, for the masked model untrained
+/// (misses) and trained (hits), and `evaluate_loss`'s accuracy is that count over the
+/// predicted tokens.
+#[test]
+fn objective_mlm_accuracy_counts_what_the_logits_rank_first() {
+    let _guard = lock();
+    let objective = mlm();
+    let (config, valid) = (config(), repeated(40, 4));
+    let mut trainer = Trainer::<Train, MaskedLm>::new(
+        objective.clone(),
+        config.clone(),
+        repeated(400, 3),
+        &Default::default(),
+    )
+    .unwrap();
+    let batch: Vec<&Vec<u32>> = valid.iter().collect();
+    let draws: Vec<u64> = (0..valid.len() as u64).map(|i| i * 7 + 1).collect();
+    let pad = objective.pad_id();
+    let mut counts = Vec::new();
+    for steps in [0, 60] {
+        for _ in 0..steps {
+            trainer.step().unwrap();
+        }
+        let model = trainer.inference_model();
+        let out = objective
+            .outputs(&model, &batch, &draws, None, &Default::default())
+            .unwrap();
+        let [_, _, vocab] = out.logits.dims();
+        let logits = out.logits.to_data().to_vec::<f32>().unwrap();
+        let targets = out
+            .targets
+            .to_data()
+            .convert::<i64>()
+            .to_vec::<i64>()
+            .unwrap();
+        let (mut predicted, mut hits) = (0, 0);
+        for (row, &target) in logits.chunks(vocab).zip(&targets) {
+            if target == i64::from(pad) {
+                continue;
+            }
+            predicted += 1;
+            let best = (0..vocab).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+            hits += usize::from(best as i64 == target);
+        }
+        assert_eq!(out.correct(pad), hits, "after {steps} steps");
+        let eval = evaluate_loss(&objective, &model, &config, &valid).unwrap();
+        assert!(eval.correct <= eval.tokens);
+        assert_eq!(eval.accuracy(), eval.correct as f64 / eval.tokens as f64);
+        counts.push((hits, predicted));
+    }
+    let [(untrained, predicted), (trained, _)] = counts[..] else {
+        unreachable!()
+    };
+    assert!(untrained < predicted && trained > 0, "{counts:?}");
+}
+
 /// BERT's masking: about 15% of the positions chosen (at least one per sequence), of which
 /// about 80% become the mask token, 10% a random ordinary token and 10% stay; the same draw
 /// always masks the same way.

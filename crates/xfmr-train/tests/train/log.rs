@@ -54,6 +54,7 @@ fn metrics_read_back_as_written_and_resume_drops_later_steps() {
                     loss: 1.75,
                     nll: 1.5,
                     tokens: 40,
+                    correct: 10,
                 };
                 log.event(&Event::Validation {
                     step: 2,
@@ -85,6 +86,7 @@ fn metrics_read_back_as_written_and_resume_drops_later_steps() {
             .unwrap();
         assert_eq!((valid.step, valid.loss, valid.nll), (2, 1.75, 1.5));
         assert_eq!(valid.perplexity, Some(1.5f64.exp()));
+        assert_eq!(valid.accuracy, Some(0.25));
         assert_eq!(valid.lr, None);
 
         let mut resumed = MetricsLog::new(dir.path(), format);
@@ -122,7 +124,21 @@ fn a_bad_metrics_line_names_the_file_and_line() {
     let path = dir.path().join("metrics.jsonl");
     let good = r#"{"kind":"train","step":1,"epoch":0,"loss":2.0,"nll":1.0,"lr":0.001,"tokens":5,"tokens_per_s":10.0,"perplexity":null,"elapsed_s":0.5}"#;
     std::fs::write(&path, format!("{good}\n{{\"kind\":\"tra")).unwrap();
-    assert_eq!(read_metrics(&path, MetricsFormat::Jsonl).unwrap().len(), 1);
+    // A line written before the accuracy field existed reads as one without it.
+    let records = read_metrics(&path, MetricsFormat::Jsonl).unwrap();
+    assert_eq!((records.len(), records[0].accuracy), (1, None));
+    let csv = dir.path().join("metrics.csv");
+    std::fs::write(
+        &csv,
+        "kind,step,epoch,loss,nll,lr,tokens,tokens_per_s,elapsed_s,perplexity\n\
+         valid,2,0,1.75,1.5,,,,0.5,4.5\n",
+    )
+    .unwrap();
+    let records = read_metrics(&csv, MetricsFormat::Csv).unwrap();
+    assert_eq!(
+        (records[0].perplexity, records[0].accuracy),
+        (Some(4.5), None)
+    );
     std::fs::write(&path, format!("not json\n{good}\n")).unwrap();
     let err = read_metrics(&path, MetricsFormat::Jsonl)
         .unwrap_err()
