@@ -61,6 +61,31 @@ def read_pairs(path, tok, max_len=None):
     return pairs, refs
 
 
+def xfmr_init(torch, model):
+    """Redraws the layers' weights as xfmr draws them (`xfmr-attention/src/mha.rs`,
+    `xfmr-blocks/src/ffn.rs`): q, k, v and the attention's output as four Xavier-uniform
+    d×d matrices with zero biases, both feed-forward linears Xavier-uniform, their biases too
+    (burn's `LinearConfig` draws a bias with the weight's initialiser and fans); every layer
+    drawn on its own (PyTorch's stacks start as copies of one layer)."""
+    nn = torch.nn
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.MultiheadAttention):
+                d = module.embed_dim
+                for i in range(3):
+                    nn.init.xavier_uniform_(module.in_proj_weight[i * d:(i + 1) * d])
+                nn.init.xavier_uniform_(module.out_proj.weight)
+                for bias in (module.in_proj_bias, module.out_proj.bias):
+                    if bias is not None:
+                        bias.zero_()
+            elif isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
+                for linear in (module.linear1, module.linear2):
+                    nn.init.xavier_uniform_(linear.weight)
+                    if linear.bias is not None:
+                        bound = math.sqrt(6.0 / sum(linear.weight.shape))
+                        nn.init.uniform_(linear.bias, -bound, bound)
+
+
 def build_model(torch, cfg, device):
     nn = torch.nn
     m, layer = cfg["model"], cfg["model"]["layer"]
@@ -341,7 +366,8 @@ def main():
     p.add_argument("--run", required=True, help="the xfmr run directory (config, tokenizer)")
     p.add_argument("--data", required=True, help="train.tsv, valid.tsv, test.tsv")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--minutes", type=float, help="wall-clock budget (default: the run's)")
+    p.add_argument("--minutes", type=float,
+                   help="wall-clock budget (default: the run's; 0: none, --steps decides)")
     p.add_argument("--steps", type=int, help="step budget (default: the run's)")
     p.add_argument("--max-len", type=int, default=100, help="as `xfmr train --max-len`")
     p.add_argument("--beam", type=int, default=4, help="as `xfmr train --beam`")
@@ -349,6 +375,9 @@ def main():
                    help="greedy test BLEU every this many steps (outside the budget)")
     p.add_argument("--test-sentences", type=int, default=500)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--init", choices=["pytorch", "xfmr"], default="pytorch",
+                   help="the layers' initialisation: PyTorch's own (default) or xfmr's "
+                        "(separates the initialisation from everything else a step does)")
     p.add_argument("--out", help="write the final model's test translations (beam) here")
     args = p.parse_args()
     import torch
@@ -374,11 +403,14 @@ def main():
     valid_batches = token_batches(lengths(valid), train["max_tokens"])
     device = torch.device(args.device)
     model = build_model(torch, cfg, device)
+    if args.init == "xfmr":
+        xfmr_init(torch, model)
     d = cfg["model"]["layer"]["d_model"]
     optim = torch.optim.Adam(model.parameters(), lr=1.0,
                              betas=(train["beta_1"], train["beta_2"]), eps=train["epsilon"])
     factor, warmup = train["lr_factor"], train["warmup"]
     minutes = args.minutes if args.minutes is not None else train.get("minutes")
+    minutes = minutes or None  # 0: no time budget, as `xfmr train --minutes 0`
     steps = args.steps or min(train["steps"], 10 ** 9)
     smoothing = cfg["label_smoothing"]
 
@@ -459,6 +491,11 @@ def main():
     # The final model: the average of the last checkpoints (paper §6.1), as xfmr's.
     averaged = {k: sum(s[k].float() for s in kept) / len(kept) for k in kept[0]}
     model.load_state_dict({k: v.to(kept[0][k].dtype) for k, v in averaged.items()})
+    if not test:  # --test-sentences 0: training and validation only, as `xfmr train` skips
+        print(json.dumps({"final": True, "steps": step, "train_s": round(trained, 2),
+                          "tokens_per_s": round(tokens / trained), "valid_ppl": math.exp(nll),
+                          "valid_tokens": count}), flush=True)
+        return
     t = time.perf_counter()
     # Beam search's length penalty chosen on (at most) the first 500 validation pairs, the
     # highest BLEU, the first tried on ties, as `xfmr train` chooses it.
