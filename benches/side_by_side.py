@@ -26,25 +26,16 @@ one JSON object per run, to `<out>/results.jsonl` and a table to stdout.
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from compare_llamacpp import cpu_model  # noqa: E402  (the CPU's name, as every bench reports it)
+
 PEERS = {"translation": "torch_translate.py", "lm": "torch_lm.py", "mlm": "torch_mlm.py"}
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def run_logged(cmd, log):
@@ -137,7 +128,7 @@ def main():
     if not os.path.exists(os.path.join(prep, "train-config.json")):
         run_logged(base + ["--steps", "1", "--minutes", "0", "--test-sentences", "0",
                            "--out", prep], os.path.join(out, "prep.log"))
-    header = {"task": args.task, "minutes": args.minutes, "cpu": cpu_name(),
+    header = {"task": args.task, "minutes": args.minutes, "cpu": cpu_model(),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "xfmr_args": extra}
     print(json.dumps(header), flush=True)
