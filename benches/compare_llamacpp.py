@@ -187,14 +187,27 @@ def llamacpp_round(path, threads):
 
 
 def cpu_model():
+    """The CPU's model name, family and model numbers and vector extensions: a virtual
+    machine's name alone ("AMD EPYC") does not tell Zen 3 (AVX2) from Zen 4 (AVX-512)."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        return platform.processor() or "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    names = [("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"), ("avx512_bf16", "AVX512-BF16"),
+             ("amx_tile", "AMX")]
+    isa = [label for flag, label in names if flag in flags]
+    if not isa:
+        isa = ["AVX2, no AVX-512" if "avx2" in flags else "no AVX2"]
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    return (f"{name} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}; "
+            f"{', '.join(isa)})")
 
 
 def git_head():

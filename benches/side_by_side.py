@@ -116,6 +116,8 @@ def main():
     p.add_argument("--test-sentences", type=int,
                    help="translation: score the first N test sentences (default: all)")
     p.add_argument("--xfmr-args", default="", help="more `xfmr train` flags, space-separated")
+    p.add_argument("--torch-args", default="",
+                   help="more flags of the PyTorch script, space-separated (e.g. --gather)")
     args = p.parse_args()
     out = os.path.join(args.out, args.task)
     os.makedirs(out, exist_ok=True)
@@ -130,7 +132,7 @@ def main():
                            "--out", prep], os.path.join(out, "prep.log"))
     header = {"task": args.task, "minutes": args.minutes, "cpu": cpu_model(),
               "threads": args.threads, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "xfmr_args": extra}
+              "xfmr_args": extra, "torch_args": args.torch_args.split()}
     print(json.dumps(header), flush=True)
     results = []
     for r in range(args.rounds):
@@ -151,7 +153,7 @@ def main():
                        "--data", args.data, "--minutes", str(args.minutes),
                        "--steps", str(10 ** 9), "--threads", str(args.threads), "--device",
                        "cpu"]
-                cmd += scored
+                cmd += scored + args.torch_args.split()
                 result = torch_result(log, run_logged(cmd, log))
             result.update(round=r, **header)
             results.append(result)

@@ -46,8 +46,11 @@ What is the same as xfmr's run:
   dropout on the attention weights; GELU/ReLU/SwiGLU feed-forward with its inner dropout;
   residual dropout), a final norm for pre-norm stacks; the head
   `Norm(exact GELU(W h + b)) Eᵀ + b_vocab` tied to the token embedding, computed at every
-  position as xfmr does; the same initial distributions (normal 0.02 embeddings, positions and
-  head; Xavier-uniform projections with zero attention biases and Xavier feed-forward biases);
+  position as HF's `BertForMaskedLM` does (xfmr's `MaskedLm` computes it at the chosen
+  positions only, as google-research/bert does; `--gather` does the same here); the same
+  initial distributions (normal 0.02 embeddings, positions and head; q, k, v Xavier-uniform
+  with the packed `[d, 3d]` matrix's fans and zero biases, the attention's output and the
+  feed-forward as `nn.Linear` draws them, the output's bias zero);
 - the loss: label-smoothed cross-entropy (ε from the run, BERT's 0 by default) with padding out
   of the average and out of the smoothing mass (`SmoothingMass::NonPadding`);
 - the optimiser: Adam (β₁, β₂, ε from the run; burn's bias-corrected update is PyTorch's), no
@@ -186,7 +189,7 @@ def ladder_batches(lengths, max_tokens, min_len, cap):
     return batches
 
 
-def build_model(torch, model_cfg):
+def build_model(torch, model_cfg, gather=False):
     """`xfmr_models::EncoderOnly` with its MLM head (see the module docs)."""
     nn, F = torch.nn, torch.nn.functional
     m, layer = model_cfg, model_cfg["layer"]
@@ -205,12 +208,13 @@ def build_model(torch, model_cfg):
             return nn.RMSNorm(d, eps=eps)
         return nn.LayerNorm(d, eps=eps)
 
-    def xavier(linear):
-        """burn's `Initializer::XavierUniform { gain: 1 }`, on the bias too (LinearConfig)."""
-        nn.init.xavier_uniform_(linear.weight)
+    def packed_xavier(linear):
+        """xfmr-attention's q, k and v: Xavier-uniform with the fans of the packed
+        `[d, 3d]` matrix (PyTorch's `in_proj_weight`), zero bias."""
+        a = math.sqrt(6.0 / (d + 3 * d))
+        nn.init.uniform_(linear.weight, -a, a)
         if linear.bias is not None:
-            a = math.sqrt(6.0 / (linear.in_features + linear.out_features))
-            nn.init.uniform_(linear.bias, -a, a)
+            nn.init.zeros_(linear.bias)
         return linear
 
     def normal(t):
@@ -220,14 +224,16 @@ def build_model(torch, model_cfg):
     class Layer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v, self.o = [nn.Linear(d, d, bias=bias) for _ in range(4)]
-            for lin in (self.q, self.k, self.v, self.o):  # xfmr-attention: zero biases
-                nn.init.xavier_uniform_(lin.weight)
-                if lin.bias is not None:
-                    nn.init.zeros_(lin.bias)
-            self.ff1 = xavier(nn.Linear(d, d_ff, bias=bias))
-            self.ff2 = xavier(nn.Linear(d_ff, d, bias=bias))
-            self.gate = xavier(nn.Linear(d, d_ff, bias=bias)) \
+            self.q, self.k, self.v = [packed_xavier(nn.Linear(d, d, bias=bias))
+                                      for _ in range(3)]
+            # The output projection: nn.Linear's weight, a zero bias (xfmr-attention).
+            self.o = nn.Linear(d, d, bias=bias)
+            if self.o.bias is not None:
+                nn.init.zeros_(self.o.bias)
+            # The feed-forward: nn.Linear's own draws (burn's LinearConfig default).
+            self.ff1 = nn.Linear(d, d_ff, bias=bias)
+            self.ff2 = nn.Linear(d_ff, d, bias=bias)
+            self.gate = nn.Linear(d, d_ff, bias=bias) \
                 if layer["activation"] == "SwiGlu" else None
             self.norm_attn, self.norm_ff = norm(), norm()
             self.drop = nn.Dropout(layer["dropout"])
@@ -291,7 +297,10 @@ def build_model(torch, model_cfg):
             self.head_norm = norm()
             self.head_bias = nn.Parameter(torch.zeros(vocab))
 
-        def forward(self, ids):
+        def forward(self, ids, targets):
+            """The logits and their targets: at every position (HF's `BertForMaskedLM`), or
+            with `gather` at the chosen ones only (google-research/bert's `gather_indexes`, as
+            xfmr's `MaskedLm` does)."""
             keep = (ids != m["pad_id"])[:, None, None, :]
             x = self.embed(ids) * self.scale + self.pos[: ids.shape[1]]
             if self.types is not None:
@@ -303,8 +312,11 @@ def build_model(torch, model_cfg):
                 x = lay(x, keep)
             if self.final_norm is not None:
                 x = self.final_norm(x)
+            if gather:
+                chosen = targets != m["pad_id"]
+                x, targets = x[chosen][None], targets[chosen][None]
             h = self.head_norm(F.gelu(self.dense(x)))
-            return h @ self.embed.weight.T + self.head_bias
+            return h @ self.embed.weight.T + self.head_bias, targets
 
     return Model()
 
@@ -368,6 +380,9 @@ def main():
                    help="as `xfmr train --max-len` (default: the model's max_len - 2, "
                         "at most 100)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--gather", action="store_true",
+                   help="the head at the chosen positions only, as xfmr's MaskedLm runs it "
+                        "(default: every position, as HF's BertForMaskedLM)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--check-steps", type=int, default=200,
                    help="logged xfmr steps whose token counts are checked (0: none)")
@@ -495,7 +510,7 @@ def main():
     if check.get("valid_tokens_match") is False:
         sys.exit("xfmr's validation accuracies do not divide by this script's masked token count")
 
-    model = build_model(torch, mcfg).to(device)
+    model = build_model(torch, mcfg, args.gather).to(device)
     d = mcfg["layer"]["d_model"]
     optim = torch.optim.Adam(model.parameters(), lr=1.0,
                              betas=(train["beta_1"], train["beta_2"]), eps=train["epsilon"])
@@ -522,7 +537,7 @@ def main():
         nll, count, correct = 0.0, 0, 0
         with torch.inference_mode():
             for ids, targets, n in valid_tensors:
-                _, s, c = smoothed_loss(torch, model(ids), targets, pad, smoothing, n, True)
+                _, s, c = smoothed_loss(torch, *model(ids, targets), pad, smoothing, n, True)
                 nll, count, correct = nll + s, count + n, correct + c
         model.train()
         return nll / count, count, correct / count
@@ -567,7 +582,7 @@ def main():
             optim.zero_grad(set_to_none=True)
             loss_sum = 0.0
             for ids, targets, n_in, n in micro:
-                loss, _, _ = smoothed_loss(torch, model(ids), targets, pad, smoothing, n)
+                loss, _, _ = smoothed_loss(torch, *model(ids, targets), pad, smoothing, n)
                 (loss * (n / total)).backward()
                 loss_sum += float(loss.detach()) * n / total
                 tokens += n_in + n

@@ -4,6 +4,7 @@
 
 use burn::config::Config;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_models::EncoderOnlyConfig;
 
 use super::{
@@ -209,16 +210,12 @@ impl Objective for MaskedLm {
         device: &B::Device,
     ) -> Result<Outputs<B>, TrainError> {
         let pad = self.model.pad_id;
-        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        let (mut inputs, mut chosen) = (Vec::new(), Vec::new());
         for (example, &draw) in batch.iter().zip(draws) {
             let masking = mask_tokens(self, example, draw);
-            let input = framed(Some(self.bos_id), &masking.input, Some(self.eos_id));
-            let mut target = vec![pad; input.len()];
-            for &i in &masking.chosen {
-                target[i + 1] = example[i];
-            }
-            inputs.push(input);
-            targets.push(target);
+            let row = inputs.len();
+            chosen.extend(masking.chosen.iter().map(|&i| (row, i + 1, example[i])));
+            inputs.push(framed(Some(self.bos_id), &masking.input, Some(self.eos_id)));
         }
         let input_tokens = inputs.iter().map(Vec::len).sum();
         // A filler row reads the framing of an empty sequence and predicts nothing.
@@ -228,9 +225,29 @@ impl Objective for MaskedLm {
         record_shape("mlm", [rows, len, len]);
         let mask = model.padding_mask(ids.clone());
         let hidden = model.forward(ids, None, Some(&mask))?;
+        // The head (dense, GELU, LayerNorm, the vocabulary projection) runs on the chosen
+        // positions only, about 15% of them, as BERT's own pre-training code gathers them
+        // (`gather_indexes` in google-research/bert): the other positions' logits are never
+        // scored. On a ladder the count is padded to a power of two (the first position,
+        // target padding), so that it takes few values.
+        let mut count = chosen.len().max(1);
+        if shape.is_some() {
+            count = count.next_power_of_two();
+        }
+        let (mut positions, mut targets) = (vec![0_i64; count], vec![pad; count]);
+        for (k, &(row, position, token)) in chosen.iter().enumerate() {
+            positions[k] = (row * len + position) as i64;
+            targets[k] = token;
+        }
+        let [_, _, d_model] = hidden.dims();
+        let positions = Tensor::<B, 1, Int>::from_data(TensorData::new(positions, [count]), device);
+        let gathered = hidden
+            .reshape([rows * len, d_model])
+            .select(0, positions)
+            .reshape([1, count, d_model]);
         Ok(Outputs {
-            logits: model.mlm_logits(hidden)?,
-            targets: padded(targets, pad, &[], shape, device),
+            logits: model.mlm_logits(gathered)?,
+            targets: padded(vec![targets], pad, &[], None, device),
             input_tokens,
         })
     }

@@ -136,9 +136,11 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
 /// What a model predicts for one batch, and the targets it is scored against.
 #[derive(Debug, Clone)]
 pub struct Outputs<B: Backend> {
-    /// Logits, `[batch, seq, vocab]`.
+    /// Logits, `[batch, seq, vocab]`; [`MaskedLm`]'s are `[1, chosen, vocab]`, the chosen
+    /// positions only, in batch order.
     pub logits: Tensor<B, 3>,
-    /// Target ids, `[batch, seq]`; the padding id where nothing is predicted.
+    /// Target ids, `[batch, seq]` (`[1, chosen]` for [`MaskedLm`]); the padding id where nothing
+    /// is predicted.
     pub targets: Tensor<B, 2, Int>,
     /// Non-padding input tokens read (the source side for translation).
     pub input_tokens: usize,

@@ -224,6 +224,71 @@ fn objective_mlm_accuracy_counts_what_the_logits_rank_first() {
     assert!(untrained < predicted && trained > 0, "{counts:?}");
 }
 
+/// The masked model's outputs are its full head's logits at the chosen positions, in batch
+/// order, and nothing else: the gathered head (dense, GELU, LayerNorm and the vocabulary
+/// projection on the chosen rows only) against the head over every position (f32, 1e-5).
+#[test]
+fn objective_mlm_scores_only_the_chosen_positions() {
+    let objective = mlm();
+    let device = Default::default();
+    let model = objective.model.init::<Infer>(&device).unwrap();
+    let examples = repeated(6, 9);
+    let batch: Vec<&Vec<u32>> = examples.iter().collect();
+    let draws: Vec<u64> = (0..batch.len() as u64).map(|i| 3 * i + 2).collect();
+    let out = objective
+        .outputs(&model, &batch, &draws, None, &device)
+        .unwrap();
+
+    // The reference: the whole batch through the head, then the chosen rows read on the host.
+    let rows: Vec<Vec<u32>> = batch
+        .iter()
+        .zip(&draws)
+        .map(|(example, &draw)| {
+            let masked = mask_tokens(&objective, example, draw).input;
+            [vec![BOS], masked, vec![EOS]].concat()
+        })
+        .collect();
+    let len = rows.iter().map(Vec::len).max().unwrap();
+    let pad = objective.pad_id();
+    let ids: Vec<i64> = rows
+        .iter()
+        .flat_map(|r| (0..len).map(move |i| i64::from(r.get(i).copied().unwrap_or(pad))))
+        .collect();
+    let ids = burn::tensor::Tensor::<Infer, 2, burn::tensor::Int>::from_data(
+        burn::tensor::TensorData::new(ids, [rows.len(), len]),
+        &device,
+    );
+    let mask = model.padding_mask(ids.clone());
+    let hidden = model.forward(ids, None, Some(&mask)).unwrap();
+    let full = model
+        .mlm_logits(hidden)
+        .unwrap()
+        .to_data()
+        .to_vec::<f32>()
+        .unwrap();
+    let (mut expected_logits, mut expected_targets) = (Vec::new(), Vec::new());
+    for (row, (example, &draw)) in batch.iter().zip(&draws).enumerate() {
+        for i in mask_tokens(&objective, example, draw).chosen {
+            let at = (row * len + i + 1) * VOCAB;
+            expected_logits.extend_from_slice(&full[at..at + VOCAB]);
+            expected_targets.push(i64::from(example[i]));
+        }
+    }
+
+    assert_eq!(out.logits.dims(), [1, expected_targets.len(), VOCAB]);
+    let targets = out
+        .targets
+        .to_data()
+        .convert::<i64>()
+        .to_vec::<i64>()
+        .unwrap();
+    assert_eq!(targets, expected_targets);
+    let logits = out.logits.to_data().to_vec::<f32>().unwrap();
+    for (k, (a, b)) in logits.iter().zip(&expected_logits).enumerate() {
+        assert!((a - b).abs() <= 1e-5, "logit {k}: gathered {a}, full {b}");
+    }
+}
+
 /// BERT's masking: about 15% of the positions chosen (at least one per sequence), of which
 /// about 80% become the mask token, 10% a random ordinary token and 10% stay; the same draw
 /// always masks the same way.
