@@ -229,6 +229,8 @@ fn objective_mlm_accuracy_counts_what_the_logits_rank_first() {
 /// projection on the chosen rows only) against the head over every position (f32, 1e-5).
 #[test]
 fn objective_mlm_scores_only_the_chosen_positions() {
+    // The model's draws come from the device's one generator, which other tests seed.
+    let _guard = lock();
     let objective = mlm();
     let device = Default::default();
     let model = objective.model.init::<Infer>(&device).unwrap();
