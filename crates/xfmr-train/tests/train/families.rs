@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
-use xfmr_models::{DecoderOnlyConfig, EncoderOnlyConfig, TransformerConfig};
+use xfmr_models::{padded_ids, DecoderOnlyConfig, EncoderOnlyConfig, PadSide, TransformerConfig};
 use xfmr_train::data::SplitMix64;
 use xfmr_train::objective::{mask_tokens, ModelOf};
 use xfmr_train::trainer::{evaluate_loss, load_model, Event, Silent};
@@ -56,6 +56,11 @@ fn repeated(n: usize, seed: u64) -> Vec<Vec<u32>> {
             vec![FIRST + (rng.next() % span) as u32; len]
         })
         .collect()
+}
+
+/// An id tensor's values, row after row.
+fn int_values(t: burn::tensor::Tensor<Infer, 2, burn::tensor::Int>) -> Vec<i64> {
+    t.to_data().convert::<i64>().to_vec::<i64>().unwrap()
 }
 
 fn lm() -> CausalLm {
@@ -197,12 +202,7 @@ fn objective_mlm_accuracy_counts_what_the_logits_rank_first() {
             .unwrap();
         let [_, _, vocab] = out.logits.dims();
         let logits = out.logits.to_data().to_vec::<f32>().unwrap();
-        let targets = out
-            .targets
-            .to_data()
-            .convert::<i64>()
-            .to_vec::<i64>()
-            .unwrap();
+        let targets = int_values(out.targets.clone());
         let (mut predicted, mut hits) = (0, 0);
         for (row, &target) in logits.chunks(vocab).zip(&targets) {
             if target == i64::from(pad) {
@@ -242,24 +242,17 @@ fn objective_mlm_scores_only_the_chosen_positions() {
         .unwrap();
 
     // The reference: the whole batch through the head, then the chosen rows read on the host.
-    let rows: Vec<Vec<u32>> = batch
+    let maskings: Vec<_> = batch
         .iter()
         .zip(&draws)
-        .map(|(example, &draw)| {
-            let masked = mask_tokens(&objective, example, draw).input;
-            [vec![BOS], masked, vec![EOS]].concat()
-        })
+        .map(|(example, &draw)| mask_tokens(&objective, example, draw))
+        .collect();
+    let rows: Vec<Vec<u32>> = maskings
+        .iter()
+        .map(|m| [vec![BOS], m.input.clone(), vec![EOS]].concat())
         .collect();
     let len = rows.iter().map(Vec::len).max().unwrap();
-    let pad = objective.pad_id();
-    let ids: Vec<i64> = rows
-        .iter()
-        .flat_map(|r| (0..len).map(move |i| i64::from(r.get(i).copied().unwrap_or(pad))))
-        .collect();
-    let ids = burn::tensor::Tensor::<Infer, 2, burn::tensor::Int>::from_data(
-        burn::tensor::TensorData::new(ids, [rows.len(), len]),
-        &device,
-    );
+    let ids = padded_ids::<Infer, u32>(&rows, objective.pad_id(), PadSide::Right, &device);
     let mask = model.padding_mask(ids.clone());
     let hidden = model.forward(ids, None, Some(&mask)).unwrap();
     let full = model
@@ -269,8 +262,8 @@ fn objective_mlm_scores_only_the_chosen_positions() {
         .to_vec::<f32>()
         .unwrap();
     let (mut expected_logits, mut expected_targets) = (Vec::new(), Vec::new());
-    for (row, (example, &draw)) in batch.iter().zip(&draws).enumerate() {
-        for i in mask_tokens(&objective, example, draw).chosen {
+    for (row, (example, masking)) in batch.iter().zip(&maskings).enumerate() {
+        for &i in &masking.chosen {
             let at = (row * len + i + 1) * VOCAB;
             expected_logits.extend_from_slice(&full[at..at + VOCAB]);
             expected_targets.push(i64::from(example[i]));
@@ -278,13 +271,7 @@ fn objective_mlm_scores_only_the_chosen_positions() {
     }
 
     assert_eq!(out.logits.dims(), [1, expected_targets.len(), VOCAB]);
-    let targets = out
-        .targets
-        .to_data()
-        .convert::<i64>()
-        .to_vec::<i64>()
-        .unwrap();
-    assert_eq!(targets, expected_targets);
+    assert_eq!(int_values(out.targets), expected_targets);
     let logits = out.logits.to_data().to_vec::<f32>().unwrap();
     for (k, (a, b)) in logits.iter().zip(&expected_logits).enumerate() {
         assert!((a - b).abs() <= 1e-5, "logit {k}: gathered {a}, full {b}");
