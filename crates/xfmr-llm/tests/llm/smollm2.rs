@@ -123,13 +123,17 @@ fn chat_prompts_render_as_the_fixture_has_them() {
 }
 
 /// Hidden states and last logits of each prompt at `atol`, then the greedy tokens through the
-/// cache.
-fn parity<B: Backend>(atol: f64, what: &str) {
+/// cache: all of the fixture's, or its first `greedy` of each prompt. Every prompt, or only the
+/// one numbered `only`.
+fn parity<B: Backend>(atol: f64, only: Option<usize>, greedy: Option<usize>, what: &str) {
     let device = B::Device::default();
     let lm = LanguageModel::<B>::from_gguf(&gguf(), &device).unwrap();
     let fixture = fixture();
     let d_model = fixture.config_usize("d_model");
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
+        if only.is_some_and(|only| only != k) {
+            continue;
+        }
         let ids = lm.tokenizer.encode(prompt).unwrap();
         let len = ids.len();
         let input = row::<B>(&ids, &device);
@@ -160,7 +164,10 @@ fn parity<B: Backend>(atol: f64, what: &str) {
         );
         // Greedy through the cache: Hugging Face's sequence ends with the end token when it
         // stopped there; ours reports it as `finished`.
-        let expected = fixture.ids(&format!("greedy.{k}"));
+        let mut expected = fixture.ids(&format!("greedy.{k}"));
+        if let Some(n) = greedy {
+            expected.truncate(n);
+        }
         let generation = lm
             .f32_model()
             .unwrap()
@@ -178,20 +185,25 @@ fn parity<B: Backend>(atol: f64, what: &str) {
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn matches_transformers_on_ndarray() {
-    parity::<NdArray>(1e-3, "ndarray");
+    parity::<NdArray>(1e-3, None, None, "ndarray");
 }
 
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn matches_transformers_on_flex() {
-    parity::<Flex>(1e-3, "flex");
+    parity::<Flex>(1e-3, None, None, "flex");
 }
 
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn matches_transformers_on_wgpu() {
-    // Unfused: see `gguf::cached_decoding_equals_full_recomputation_on_unfused_wgpu`.
-    parity::<WgpuUnfused>(1e-2, "wgpu");
+    // Unfused: see `gguf::cached_decoding_equals_full_recomputation_on_unfused_wgpu`. The
+    // fixture's last prompt and its first 2 greedy tokens: on lavapipe each pass of the real
+    // model is slow (every prompt and 4 tokens took 530 s of CI's test time on an AVX2 CPU), the
+    // other prompts run on the CPU backends, and the cache on wgpu is checked step by step
+    // against full recomputation on the tiny file.
+    let last = fixture().metadata_strings("prompts").len() - 1;
+    parity::<WgpuUnfused>(1e-2, Some(last), Some(2), "wgpu");
 }
 
 #[test]
@@ -248,22 +260,21 @@ fn long_prompt_on<B: Backend>(g: &Gguf, text: &str) -> (Vec<f64>, Vec<u32>) {
     (logits, done.tokens)
 }
 
-/// A prompt of more than 800 tokens on every backend: on wgpu its 800 × 49,152 logits would
-/// not fit in one storage buffer of a WebGPU device's default limits (128 MiB); generation and
-/// `last_logits` project the last position only. Same tolerances as the parity tests, against
-/// ndarray.
+/// A prompt of more than 800 tokens on the CPU backends: generation and `last_logits` project
+/// the last position only. Same tolerance as the parity tests, flex against ndarray. On wgpu,
+/// where 800 × 49,152 logits would not fit in one storage buffer of a WebGPU device's default
+/// limits (128 MiB), the same paths are tested on synthetic models just under and over the
+/// limit (xfmr-models' `long_inputs`): the real model's 800-token passes on lavapipe cost
+/// several minutes of CI.
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
-fn long_prompts_work_on_every_backend() {
+fn long_prompts_work_on_the_cpu_backends() {
     let g = gguf();
     let tokenizer = xfmr_llm::GgufTokenizer::from_gguf(&g).unwrap();
     let text = long_text(|t| tokenizer.encode(t).unwrap().len(), 800);
     let (reference, tokens) = long_prompt_on::<NdArray>(&g, &text);
     let shape = [reference.len()];
-    for (what, atol, (logits, got)) in [
-        ("flex", 1e-3, long_prompt_on::<Flex>(&g, &text)),
-        ("wgpu", 1e-2, long_prompt_on::<WgpuUnfused>(&g, &text)),
-    ] {
+    for (what, atol, (logits, got)) in [("flex", 1e-3, long_prompt_on::<Flex>(&g, &text))] {
         let what = format!("{what}: last-position logits of an 800-token prompt");
         assert_close_slices(&logits, &shape, &reference, &shape, atol, 0.0, &what);
         assert_eq!(got, tokens, "{what}: greedy tokens");

@@ -170,8 +170,8 @@ fn quantized_model_with_f32_products_matches_transformers() {
 }
 
 /// A prompt of more than 800 tokens through the quantised model: its last-position logits
-/// within [`TOL`] of the f32 path's (ndarray; `long_prompts_work_on_every_backend` checks the
-/// other backends against it).
+/// within [`TOL`] of the f32 path's (ndarray; `long_prompts_work_on_the_cpu_backends` checks
+/// flex against it).
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn quantized_path_takes_long_prompts() {
