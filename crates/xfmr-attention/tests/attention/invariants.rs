@@ -38,7 +38,7 @@ fn cached_decoding_equals_full_causal_pass() {
 
 /// The same on wgpu (found failing through SmolLM2's cached generation; tolerance for its f32
 /// kernels), with grouped heads only, as SmolLM2's: every head layout is a new set of kernels for
-/// lavapipe to compile (the three took 130 s of CI's test time on an AVX2 CPU).
+/// lavapipe to compile (the three took 130 s on an AVX2 CPU without Mesa's shader cache).
 #[test]
 fn cached_decoding_equals_full_causal_pass_on_wgpu() {
     cached_equals_full::<burn::backend::Wgpu>(1e-4, &[2]);
