@@ -51,9 +51,9 @@ What is the same as xfmr's run:
   `Norm(x + Dropout(f(x)))`, a final norm for pre-norm stacks, LayerNorm or RMSNorm with the
   config's eps, exact GELU/ReLU/SwiGLU feed-forward, attention and feed-forward dropouts where
   the config puts them, biases as configured, output tied to the embedding (or a linear
-  layer); xfmr's initialisers (embedding N(0, d^-1/2), learned positions N(0, 0.02), every
-  projection Xavier-uniform, attention biases 0, feed-forward biases Xavier-uniform as burn's
-  `LinearConfig` draws them, norms 1 and 0);
+  layer); xfmr's initialisers (embedding N(0, d^-1/2), learned positions N(0, 0.02), q, k, v
+  Xavier-uniform with the packed `[d, 3d]` matrix's fans, the attention's output and the
+  feed-forward as `nn.Linear` draws them, attention biases 0, norms 1 and 0);
 - the optimiser: Adam (beta_1, beta_2, eps of the config; no weight decay, no gradient
   clipping, as burn's `AdamConfig` there), the learning rate set per step from the warm-up /
   inverse-square-root schedule `factor * d_model^-0.5 * min(step^-0.5, step *
@@ -186,17 +186,16 @@ def build_model(torch, m, device):
     d, heads, d_ff, bias = layer["d_model"], layer["n_heads"], layer["d_ff"], layer["bias"]
     vocab, pre = m["vocab_size"], layer["norm_position"] == "Pre"
 
-    def xavier(d_in, d_out, bias_init):
-        """A burn `Linear` with Xavier-uniform weights; its bias zero (attention) or drawn by
-        the same initialiser (feed-forward: burn's `LinearConfig` draws the bias with it)."""
-        lin = nn.Linear(d_in, d_out, bias=bias)
-        nn.init.xavier_uniform_(lin.weight)
+    def attention_linear(packed):
+        """xfmr-attention's projections, zero biases: q, k and v Xavier-uniform with the fans
+        of the packed `[d, 3d]` matrix (PyTorch's `in_proj_weight`), the output as
+        `nn.Linear` draws its weight."""
+        lin = nn.Linear(d, d, bias=bias)
+        if packed:
+            a = math.sqrt(6.0 / (d + 3 * d))
+            nn.init.uniform_(lin.weight, -a, a)
         if bias:
-            if bias_init == "zeros":
-                nn.init.zeros_(lin.bias)
-            else:
-                bound = math.sqrt(6.0 / (d_in + d_out))
-                nn.init.uniform_(lin.bias, -bound, bound)
+            nn.init.zeros_(lin.bias)
         return lin
 
     def norm():
@@ -211,10 +210,11 @@ def build_model(torch, m, device):
         def __init__(self):
             super().__init__()
             self.norm_attn, self.norm_ff = norm(), norm()
-            self.query, self.key, self.value, self.output = (
-                xavier(d, d, "zeros") for _ in range(4))
-            self.linear1, self.linear2 = xavier(d, d_ff, "xavier"), xavier(d_ff, d, "xavier")
-            self.gate = xavier(d, d_ff, "xavier") if layer["activation"] == "SwiGlu" else None
+            self.query, self.key, self.value = (attention_linear(True) for _ in range(3))
+            self.output = attention_linear(False)
+            # The feed-forward: nn.Linear's own draws (burn's LinearConfig default).
+            self.linear1, self.linear2 = nn.Linear(d, d_ff, bias=bias), nn.Linear(d_ff, d, bias=bias)
+            self.gate = nn.Linear(d, d_ff, bias=bias) if layer["activation"] == "SwiGlu" else None
             self.drop = nn.Dropout(layer["dropout"])
             self.ffn_drop = nn.Dropout(layer["ffn_dropout"])
 

@@ -48,8 +48,9 @@ What is the same as xfmr's run:
   `Norm(exact GELU(W h + b)) Eᵀ + b_vocab` tied to the token embedding, computed at every
   position as HF's `BertForMaskedLM` does (xfmr's `MaskedLm` computes it at the chosen
   positions only, as google-research/bert does; `--gather` does the same here); the same
-  initial distributions (normal 0.02 embeddings, positions and head; Xavier-uniform projections
-  with zero attention biases and Xavier feed-forward biases);
+  initial distributions (normal 0.02 embeddings, positions and head; q, k, v Xavier-uniform
+  with the packed `[d, 3d]` matrix's fans and zero biases, the attention's output and the
+  feed-forward as `nn.Linear` draws them, the output's bias zero);
 - the loss: label-smoothed cross-entropy (ε from the run, BERT's 0 by default) with padding out
   of the average and out of the smoothing mass (`SmoothingMass::NonPadding`);
 - the optimiser: Adam (β₁, β₂, ε from the run; burn's bias-corrected update is PyTorch's), no
@@ -207,12 +208,13 @@ def build_model(torch, model_cfg, gather=False):
             return nn.RMSNorm(d, eps=eps)
         return nn.LayerNorm(d, eps=eps)
 
-    def xavier(linear):
-        """burn's `Initializer::XavierUniform { gain: 1 }`, on the bias too (LinearConfig)."""
-        nn.init.xavier_uniform_(linear.weight)
+    def packed_xavier(linear):
+        """xfmr-attention's q, k and v: Xavier-uniform with the fans of the packed
+        `[d, 3d]` matrix (PyTorch's `in_proj_weight`), zero bias."""
+        a = math.sqrt(6.0 / (d + 3 * d))
+        nn.init.uniform_(linear.weight, -a, a)
         if linear.bias is not None:
-            a = math.sqrt(6.0 / (linear.in_features + linear.out_features))
-            nn.init.uniform_(linear.bias, -a, a)
+            nn.init.zeros_(linear.bias)
         return linear
 
     def normal(t):
@@ -222,14 +224,16 @@ def build_model(torch, model_cfg, gather=False):
     class Layer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v, self.o = [nn.Linear(d, d, bias=bias) for _ in range(4)]
-            for lin in (self.q, self.k, self.v, self.o):  # xfmr-attention: zero biases
-                nn.init.xavier_uniform_(lin.weight)
-                if lin.bias is not None:
-                    nn.init.zeros_(lin.bias)
-            self.ff1 = xavier(nn.Linear(d, d_ff, bias=bias))
-            self.ff2 = xavier(nn.Linear(d_ff, d, bias=bias))
-            self.gate = xavier(nn.Linear(d, d_ff, bias=bias)) \
+            self.q, self.k, self.v = [packed_xavier(nn.Linear(d, d, bias=bias))
+                                      for _ in range(3)]
+            # The output projection: nn.Linear's weight, a zero bias (xfmr-attention).
+            self.o = nn.Linear(d, d, bias=bias)
+            if self.o.bias is not None:
+                nn.init.zeros_(self.o.bias)
+            # The feed-forward: nn.Linear's own draws (burn's LinearConfig default).
+            self.ff1 = nn.Linear(d, d_ff, bias=bias)
+            self.ff2 = nn.Linear(d_ff, d, bias=bias)
+            self.gate = nn.Linear(d, d_ff, bias=bias) \
                 if layer["activation"] == "SwiGlu" else None
             self.norm_attn, self.norm_ff = norm(), norm()
             self.drop = nn.Dropout(layer["dropout"])

@@ -63,27 +63,22 @@ def read_pairs(path, tok, max_len=None):
 
 def xfmr_init(torch, model):
     """Redraws the layers' weights as xfmr draws them (`xfmr-attention/src/mha.rs`,
-    `xfmr-blocks/src/ffn.rs`): q, k, v and the attention's output as four Xavier-uniform
-    d×d matrices with zero biases, both feed-forward linears Xavier-uniform, their biases too
-    (burn's `LinearConfig` draws a bias with the weight's initialiser and fans); every layer
-    drawn on its own (PyTorch's stacks start as copies of one layer)."""
+    `xfmr-blocks/src/ffn.rs`, since 2026-11-28 PyTorch's own distributions): q, k, v as one
+    packed Xavier-uniform `[3d, d]` matrix with zero biases, the attention's output and both
+    feed-forward linears as `nn.Linear` draws them (the output's bias zero), every layer drawn
+    on its own (PyTorch's stacks start as copies of one layer)."""
     nn = torch.nn
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.MultiheadAttention):
-                d = module.embed_dim
-                for i in range(3):
-                    nn.init.xavier_uniform_(module.in_proj_weight[i * d:(i + 1) * d])
-                nn.init.xavier_uniform_(module.out_proj.weight)
+                nn.init.xavier_uniform_(module.in_proj_weight)
+                module.out_proj.reset_parameters()
                 for bias in (module.in_proj_bias, module.out_proj.bias):
                     if bias is not None:
                         bias.zero_()
             elif isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)):
-                for linear in (module.linear1, module.linear2):
-                    nn.init.xavier_uniform_(linear.weight)
-                    if linear.bias is not None:
-                        bound = math.sqrt(6.0 / sum(linear.weight.shape))
-                        nn.init.uniform_(linear.bias, -bound, bound)
+                module.linear1.reset_parameters()
+                module.linear2.reset_parameters()
 
 
 def build_model(torch, cfg, device):
@@ -376,8 +371,9 @@ def main():
     p.add_argument("--test-sentences", type=int, default=500)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", choices=["pytorch", "xfmr"], default="pytorch",
-                   help="the layers' initialisation: PyTorch's own (default) or xfmr's "
-                        "(separates the initialisation from everything else a step does)")
+                   help="the layers' initialisation: PyTorch's own (default; a stack's "
+                        "layers start as copies of one) or xfmr's (the same distributions "
+                        "since 2026-11-28, every layer drawn on its own)")
     p.add_argument("--out", help="write the final model's test translations (beam) here")
     args = p.parse_args()
     import torch

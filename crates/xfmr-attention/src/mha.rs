@@ -55,10 +55,20 @@ pub struct MultiHeadAttentionConfig {
     /// Default: `Auto`.
     #[config(default = "AttentionKernel::Auto")]
     pub kernel: AttentionKernel,
-    /// Initialiser of the projection weights (biases start at zero, as in PyTorch).
-    /// Default: Xavier/Glorot uniform, gain 1 (PyTorch's `nn.MultiheadAttention`).
+    /// Initialiser of the query, key and value weights, drawn with the fans of the one packed
+    /// `d_model × (d_model + 2·kv_dim)` matrix they form (`kv_dim = n_kv_heads · d_k`), as
+    /// PyTorch draws its `in_proj_weight`: Xavier's bound is then `√(6 / 4d_model)` for the
+    /// paper's layer, not the `√(3 / d_model)` of a lone square matrix. Their biases start at
+    /// zero. Default: Xavier/Glorot uniform, gain 1 (PyTorch's `nn.MultiheadAttention`).
     #[config(default = "Initializer::XavierUniform { gain: 1.0 }")]
     pub initializer: Initializer,
+    /// Initialiser of the output projection's weight `Wᴼ` (its bias starts at zero). Default:
+    /// Kaiming uniform with gain `1/√3`, that is `U(±1/√d_model)`: PyTorch's `out_proj`, an
+    /// `nn.Linear`, and burn's `LinearConfig` default.
+    #[config(
+        default = "Initializer::KaimingUniform { gain: 1.0 / 3.0f64.sqrt(), fan_out_only: false }"
+    )]
+    pub output_initializer: Initializer,
 }
 
 impl MultiHeadAttentionConfig {
@@ -102,17 +112,23 @@ impl MultiHeadAttentionConfig {
         self.validate()?;
         let d_k = self.d_model / self.n_heads;
         let kv_dim = self.kv_heads() * d_k;
-        let linear = |d_in: usize, d_out: usize, bias: bool| Linear {
-            weight: self
-                .initializer
-                .init_with([d_in, d_out], Some(d_in), Some(d_out), device),
+        // q, k and v share the fans of their packed matrix; the output projection has its own.
+        let packed = (self.d_model, self.d_model + 2 * kv_dim);
+        let linear = |init: &Initializer, d_out: usize, fans: (usize, usize), bias: bool| Linear {
+            weight: init.init_with([self.d_model, d_out], Some(fans.0), Some(fans.1), device),
             bias: bias.then(|| Initializer::Zeros.init([d_out], device)),
         };
+        let output_fans = (self.d_model, self.d_model);
         Ok(MultiHeadAttention {
-            query: linear(self.d_model, self.d_model, self.query_bias),
-            key: linear(self.d_model, kv_dim, self.key_bias),
-            value: linear(self.d_model, kv_dim, self.value_bias),
-            output: linear(self.d_model, self.d_model, self.output_bias),
+            query: linear(&self.initializer, self.d_model, packed, self.query_bias),
+            key: linear(&self.initializer, kv_dim, packed, self.key_bias),
+            value: linear(&self.initializer, kv_dim, packed, self.value_bias),
+            output: linear(
+                &self.output_initializer,
+                self.d_model,
+                output_fans,
+                self.output_bias,
+            ),
             d_model: self.d_model,
             n_heads: self.n_heads,
             n_kv_heads: self.kv_heads(),

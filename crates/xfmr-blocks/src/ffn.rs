@@ -1,7 +1,7 @@
 //! Position-wise feed-forward network (paper §3.3): `FFN(x) = act(x W₁ + b₁) W₂ + b₂`.
 
 use burn::config::Config;
-use burn::module::{Initializer, Module};
+use burn::module::Module;
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, relu, silu};
 use burn::tensor::{backend::Backend, Tensor};
@@ -22,7 +22,8 @@ pub enum Activation {
     SwiGlu,
 }
 
-/// Configuration of [`FeedForward`].
+/// Configuration of [`FeedForward`]. Every projection starts as PyTorch's `nn.Linear` and
+/// burn's `LinearConfig` default: weight and bias uniform in `±1/√fan_in`.
 #[derive(Config, Debug)]
 pub struct FeedForwardConfig {
     /// Input and output width.
@@ -53,7 +54,6 @@ impl FeedForwardConfig {
         let linear = |d_in, d_out| {
             LinearConfig::new(d_in, d_out)
                 .with_bias(self.bias)
-                .with_initializer(Initializer::XavierUniform { gain: 1.0 })
                 .init(device)
         };
         Ok(FeedForward {

@@ -413,3 +413,38 @@ fn corrupt_safetensors_bytes_are_read_errors() {
         other => panic!("expected a read error naming the file, got {other:?}"),
     }
 }
+
+/// The feed-forward's projections start as PyTorch's `nn.Linear`: weights and biases uniform
+/// in `±1/√fan_in` (none outside; the weights' standard deviation `1/√(3·fan_in)` within 4%).
+#[test]
+fn ffn_initialisation_is_nn_linears() {
+    let (d_model, d_ff) = (64, 256);
+    let ffn = FeedForwardConfig::new(d_model, d_ff)
+        .init::<Cpu>(&Default::default())
+        .unwrap();
+    for (name, linear, fan_in) in [("W1", &ffn.linear1, d_model), ("W2", &ffn.linear2, d_ff)] {
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let weight = linear.weight.val().into_data().to_vec::<f32>().unwrap();
+        let bias = linear
+            .bias
+            .as_ref()
+            .unwrap()
+            .val()
+            .into_data()
+            .to_vec::<f32>()
+            .unwrap();
+        let inside = |v: &f32| f64::from(v.abs()) <= bound * (1.0 + 1e-6);
+        assert!(
+            weight.iter().all(inside) && bias.iter().all(inside),
+            "{name}: outside ±{bound}"
+        );
+        assert!(bias.iter().any(|&b| b != 0.0), "{name}: bias all zero");
+        let std = (weight.iter().map(|&w| f64::from(w).powi(2)).sum::<f64>() / weight.len() as f64)
+            .sqrt();
+        let expected = bound / 3f64.sqrt();
+        assert!(
+            (std / expected - 1.0).abs() < 0.04,
+            "{name}: std {std}, expected {expected}"
+        );
+    }
+}

@@ -249,18 +249,24 @@ fn objective_translation_learns_a_copy_task() {
     )
     .unwrap();
     let before = evaluate_loss(&objective, &trainer.inference_model(), &config, &valid).unwrap();
-    for _ in 0..150 {
+    for _ in 0..200 {
         trainer.step().unwrap();
     }
     let after = evaluate_loss(&objective, &trainer.inference_model(), &config, &valid).unwrap();
     let uniform = ((VOCAB - 1) as f64).ln();
+    // An untrained model knows nothing of the task: it does no better than the uniform
+    // guess. (It does worse: with tied embeddings and PyTorch's initialisation the sublayers
+    // start small beside the √d_model-scaled embedding, so the untrained decoder ranks the
+    // token it reads first, 172 of 172 positions here, NLL 5.21 against ln 23 = 3.14:
+    // docs/training.md, "Initialisation".)
     assert!(
-        (before.nll - uniform).abs() < 1.0,
-        "an untrained model is near uniform: {before:?}"
+        before.nll > uniform - 0.5,
+        "an untrained model beats the uniform guess: {before:?} (uniform {uniform:.3})"
     );
+    // Measured: NLL 2.50, 1.90, 1.49, 1.00 after 50, 100, 150, 200 steps (ndarray, Zen 3).
     assert!(
         after.nll < 0.5 * uniform,
-        "after 150 steps: {after:?} (uniform {uniform:.3})"
+        "after 200 steps: {after:?} (uniform {uniform:.3})"
     );
     assert_eq!(before.tokens, after.tokens);
 }
