@@ -213,7 +213,8 @@ def build_model(torch, m, device):
             self.query, self.key, self.value = (attention_linear(True) for _ in range(3))
             self.output = attention_linear(False)
             # The feed-forward: nn.Linear's own draws (burn's LinearConfig default).
-            self.linear1, self.linear2 = nn.Linear(d, d_ff, bias=bias), nn.Linear(d_ff, d, bias=bias)
+            self.linear1 = nn.Linear(d, d_ff, bias=bias)
+            self.linear2 = nn.Linear(d_ff, d, bias=bias)
             self.gate = nn.Linear(d, d_ff, bias=bias) if layer["activation"] == "SwiGlu" else None
             self.drop = nn.Dropout(layer["dropout"])
             self.ffn_drop = nn.Dropout(layer["ffn_dropout"])

@@ -26,8 +26,9 @@ final model, beam search's length penalty chosen among xfmr's `LENGTH_PENALTIES`
 500 validation pairs (the highest BLEU, the first on ties), and the test decoding (greedy, and
 xfmr's beam search: beam 4, the 2k best continuations of every beam, fairseq's early stop, the
 GNMT penalty; at most 128 tokens; with cached keys and values, checked against the full
-decoder before training) scored with sacreBLEU (BLEU and chrF). What differs: PyTorch's own
-initialisation and random streams, batches padded to their longest sequence (not xfmr's GPU
+decoder before training) scored with sacreBLEU (BLEU and chrF). What differs: a stack's layers
+start as copies of one under the default `--init pytorch` (`--init xfmr` draws each on its
+own; the distributions are the same since 2026-11-29) and random streams, batches padded to their longest sequence (not xfmr's GPU
 length ladder), and one process with `--threads` threads where xfmr on a CPU trains one
 replica per core (the same step). Every line printed is JSON; the last has `"final": true`.
 `benches/side_by_side.py` runs this script and `xfmr train` for the same minutes, one after
@@ -63,7 +64,7 @@ def read_pairs(path, tok, max_len=None):
 
 def xfmr_init(torch, model):
     """Redraws the layers' weights as xfmr draws them (`xfmr-attention/src/mha.rs`,
-    `xfmr-blocks/src/ffn.rs`, since 2026-11-28 PyTorch's own distributions): q, k, v as one
+    `xfmr-blocks/src/ffn.rs`, since 2026-11-29 PyTorch's own distributions): q, k, v as one
     packed Xavier-uniform `[3d, d]` matrix with zero biases, the attention's output and both
     feed-forward linears as `nn.Linear` draws them (the output's bias zero), every layer drawn
     on its own (PyTorch's stacks start as copies of one layer)."""
@@ -373,7 +374,7 @@ def main():
     p.add_argument("--init", choices=["pytorch", "xfmr"], default="pytorch",
                    help="the layers' initialisation: PyTorch's own (default; a stack's "
                         "layers start as copies of one) or xfmr's (the same distributions "
-                        "since 2026-11-28, every layer drawn on its own)")
+                        "since 2026-11-29, every layer drawn on its own)")
     p.add_argument("--out", help="write the final model's test translations (beam) here")
     args = p.parse_args()
     import torch

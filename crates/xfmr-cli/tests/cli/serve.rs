@@ -21,17 +21,19 @@ impl Drop for Serving {
 
 /// Three bursts of 48 concurrent chats of 1 MB each (far over the tiny model's 4096-token
 /// context: each is refused, 400) against the `xfmr` binary serving the tiny GGUF model: each
-/// burst's peak stays under twice the resident memory before it, and 1.5 s after the third
+/// burst's peak (the kernel's high-water mark reset before it) stays under twice the resident
+/// memory before it, and 1.5 s after the third
 /// burst the server has given back at least half of what the bursts added (issue 43: memory
 /// returned after a burst, within a stated margin).
 ///
 /// Why half, and not issue 43's 10 % of idle: this server idles at ~30 MiB, and a burst adds
 /// only ~20 MiB (admission keeps 4 MiB of bodies in flight), so what mimalloc keeps cached
-/// in its threads' heaps and arena whatever the load (measured here 0–10 MiB after one burst,
-/// idle itself varying by 5 MiB from run to run, Zen 3) is of the same size as the 10 %; a
-/// 1 MiB margin failed one CI run in three. Without the server's idle hook the same three
-/// bursts kept 80–95 % of what they added, and more with each burst (29 → 48 → 60 MiB):
-/// that is the fault this test catches. On SmolLM2 (docs/reliability.md) the hook gives
+/// in its threads' heaps and arena whatever the load (measured 0–10 MiB after one burst,
+/// idle itself 28–40 MiB from run to run, Zen 3) is of the same size as the 10 %; a margin of
+/// 10 % + 1 MiB failed stop 52's CI run and 1 local run in 3. Without the server's idle hook
+/// the same three bursts kept 70–86 % of what they added, more with each burst (resident
+/// memory idle 29 MiB, 48 after the first burst, 60 after the fifth): the fault this test
+/// catches. On SmolLM2 (docs/reliability.md) the hook gives
 /// back all but 2 % of idle.
 #[test]
 fn serve_binary_returns_a_bursts_memory() {
@@ -77,6 +79,12 @@ fn serve_binary_returns_a_bursts_memory() {
     let mut highest = 0;
     let mut settled = 0;
     for round in 1..=3 {
+        // Each burst's peak is its own: reset the high-water mark `burst` also reads.
+        // Without it (a kernel that refuses), the peak is the process's highest so far.
+        let reset = format!("/proc/{}/clear_refs", server.0.id());
+        if let Err(e) = std::fs::write(&reset, "5") {
+            eprintln!("{reset}: {e}: each peak counts the earlier ones");
+        }
         let (statuses, memory) = burst(server.0.id(), 48, settle, || send().status);
         assert!(statuses.iter().all(|&s| s == 400), "{statuses:?}");
         let BurstMemory { idle, peak, after } = memory;
@@ -94,7 +102,7 @@ fn serve_binary_returns_a_bursts_memory() {
         highest = highest.max(peak);
         settled = after;
     }
-    let added = highest - idle_before;
+    let added = highest.saturating_sub(idle_before);
     let kept = settled.saturating_sub(idle_before);
     assert!(
         kept <= added / 2,

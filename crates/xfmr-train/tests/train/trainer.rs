@@ -254,11 +254,11 @@ fn objective_translation_learns_a_copy_task() {
     }
     let after = evaluate_loss(&objective, &trainer.inference_model(), &config, &valid).unwrap();
     let uniform = ((VOCAB - 1) as f64).ln();
-    // An untrained model knows nothing of the task: it does no better than the uniform
-    // guess. (It does worse: with tied embeddings and PyTorch's initialisation the sublayers
+    // An untrained model knows nothing of the task: it does no better than 0.5 nats under
+    // the uniform guess. (It does worse: with tied embeddings and PyTorch's initialisation the sublayers
     // start small beside the √d_model-scaled embedding, so the untrained decoder ranks the
     // token it reads first, 172 of 172 positions here, NLL 5.21 against ln 23 = 3.14:
-    // docs/training.md, "Initialisation".)
+    // docs/training.md, "The untrained model echoes its input".)
     assert!(
         before.nll > uniform - 0.5,
         "an untrained model beats the uniform guess: {before:?} (uniform {uniform:.3})"
