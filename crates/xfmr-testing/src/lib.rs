@@ -282,6 +282,51 @@ pub fn to_vec<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Vec<f64> {
         .expect("float tensor data")
 }
 
+/// Host copies of a linear layer's weight (row-major) and bias (empty without one): what the
+/// initialisation tests read.
+pub fn linear_values<B: Backend>(linear: &burn::nn::Linear<B>) -> (Vec<f64>, Vec<f64>) {
+    let weight = to_vec(&linear.weight.val());
+    let bias = linear
+        .bias
+        .as_ref()
+        .map_or_else(Vec::new, |b| to_vec(&b.val()));
+    (weight, bias)
+}
+
+/// Asserts that `values` look like uniform draws in `±bound`: none outside (a `1e-6` relative
+/// margin for `f32` rounding), the largest magnitude at least `0.95·bound`, and the root mean
+/// square `bound/√3` within 4%. The square of a `U(−b, b)` draw has relative standard
+/// deviation `2/√5`, so the root mean square of `n` draws has relative standard error about
+/// `1/√(5n)`: 4% is 4.5 standard errors at the 2,500 draws asked for at least, 11 at 16,384.
+/// The largest magnitude falls below `0.95·bound` with probability `0.95ⁿ` (nothing at these
+/// sizes).
+///
+/// # Panics
+/// Naming `name`, when a condition fails or `values` has fewer than 2,500 draws.
+pub fn assert_uniform(name: &str, values: &[f64], bound: f64) {
+    assert!(
+        values.len() >= 2_500,
+        "{name}: {} draws are too few for the 4% bound",
+        values.len()
+    );
+    let n = values.len() as f64;
+    let largest = values.iter().fold(0.0_f64, |m, &v| m.max(v.abs()));
+    let rms = (values.iter().map(|&v| v * v).sum::<f64>() / n).sqrt();
+    assert!(
+        largest <= bound * (1.0 + 1e-6),
+        "{name}: |w| {largest} > {bound}"
+    );
+    assert!(
+        largest >= 0.95 * bound,
+        "{name}: largest |w| {largest}, bound {bound}"
+    );
+    let expected = bound / 3f64.sqrt();
+    assert!(
+        (rms / expected - 1.0).abs() < 0.04,
+        "{name}: root mean square {rms}, expected {expected}"
+    );
+}
+
 /// An error and its sources joined by `: `, as `anyhow` prints them with `{:#}` (what the CLI
 /// shows): the tests that check a message is said once read this.
 pub fn error_chain(e: &dyn std::error::Error) -> String {

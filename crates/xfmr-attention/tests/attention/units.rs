@@ -5,6 +5,8 @@ use xfmr_attention::{
     AttentionError, AttnMask, MhaInput, MultiHeadAttentionConfig, TorchMhaWeights,
 };
 
+use xfmr_testing::{assert_uniform, linear_values};
+
 use crate::Cpu;
 
 fn bools(mask: &AttnMask<Cpu>) -> Vec<bool> {
@@ -231,29 +233,6 @@ fn masks_select_rows_and_narrow_keys() {
     assert!(past_end.is_err());
 }
 
-/// Uniform draws in `±bound`: none outside, the largest near it, the standard deviation
-/// `bound / √3` within 4% (about 5 sampling standard errors at 4,096 draws).
-fn assert_uniform(name: &str, values: &[f32], bound: f64) {
-    let n = values.len() as f64;
-    let largest = values
-        .iter()
-        .fold(0.0_f64, |m, &v| m.max(f64::from(v).abs()));
-    let std = (values.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / n).sqrt();
-    assert!(
-        largest <= bound * (1.0 + 1e-6),
-        "{name}: |w| {largest} > {bound}"
-    );
-    assert!(
-        largest >= 0.95 * bound,
-        "{name}: largest |w| {largest}, bound {bound}"
-    );
-    let expected = bound / 3f64.sqrt();
-    assert!(
-        (std / expected - 1.0).abs() < 0.04,
-        "{name}: std {std}, expected {expected}"
-    );
-}
-
 /// The default initialisation is PyTorch's `nn.MultiheadAttention`'s: q, k and v Xavier-uniform
 /// with the fans of the packed `d_model × (d_model + 2·kv_dim)` matrix, `Wᴼ` uniform in
 /// `±1/√d_model` (an `nn.Linear`), every bias zero; grouped heads shrink the packed matrix.
@@ -266,29 +245,15 @@ fn mha_initialisation_is_pytorchs() {
         .unwrap();
     let kv_dim = n_kv_heads * d_model / n_heads;
     let packed = (6.0 / (d_model + d_model + 2 * kv_dim) as f64).sqrt();
-    let values = |t: Tensor<Cpu, 2>| t.into_data().to_vec::<f32>().unwrap();
-    assert_uniform("query", &values(mha.query.weight.val()), packed);
-    assert_uniform("key", &values(mha.key.weight.val()), packed);
-    assert_uniform("value", &values(mha.value.weight.val()), packed);
-    assert_uniform(
-        "output",
-        &values(mha.output.weight.val()),
-        1.0 / (d_model as f64).sqrt(),
-    );
-    for (name, linear) in [
-        ("query", &mha.query),
-        ("key", &mha.key),
-        ("value", &mha.value),
-        ("output", &mha.output),
+    for (name, linear, bound) in [
+        ("query", &mha.query, packed),
+        ("key", &mha.key, packed),
+        ("value", &mha.value, packed),
+        ("output", &mha.output, 1.0 / (d_model as f64).sqrt()),
     ] {
-        let bias = linear
-            .bias
-            .as_ref()
-            .unwrap()
-            .val()
-            .into_data()
-            .to_vec::<f32>()
-            .unwrap();
+        let (weight, bias) = linear_values(linear);
+        assert_uniform(name, &weight, bound);
+        assert!(!bias.is_empty(), "{name}: no bias");
         assert!(bias.iter().all(|&b| b == 0.0), "{name} bias not zero");
     }
 }
