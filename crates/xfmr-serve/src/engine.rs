@@ -18,63 +18,22 @@ use std::sync::Arc;
 use std::thread;
 
 use tokio::sync::mpsc::UnboundedSender;
+use xfmr_llm::decode::{self, DecodeRequest, Decoding, Next};
 use xfmr_llm::quantized::{PrefixCache, Scratch, SequenceCache};
-use xfmr_llm::{GgufTokenizer, QuantizedLlama, TextStream};
-use xfmr_models::generate::TokenChooser;
+use xfmr_llm::{GgufTokenizer, QuantizedLlama};
 
 use crate::error::ApiError;
 use crate::{recv_or_idle, IdleHook};
 
-/// Why a generation ended (OpenAI's `finish_reason`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    /// The end token, or a stop string.
-    Stop,
-    /// `max_tokens`.
-    Length,
-}
-
-impl Finish {
-    /// OpenAI's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Length => "length",
-        }
-    }
-}
-
-/// What the engine tells a request's handler, in order: text pieces, then one end.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// The next piece of text (whole characters; never part of a stop string).
-    Text(String),
-    /// Generation ended.
-    Done {
-        /// Why.
-        finish: Finish,
-        /// Tokens generated (the end token not counted).
-        completion_tokens: usize,
-        /// Prompt tokens whose keys and values came from the prefix cache (OpenAI's
-        /// `usage.prompt_tokens_details.cached_tokens`).
-        cached_tokens: usize,
-    },
-    /// The model failed; the request ends here (the server goes on).
-    Failed(String),
-}
+pub use xfmr_llm::decode::{Event, Finish};
 
 /// One generation request.
 pub(crate) struct Job {
     /// Prompt ids (non-empty; `prompt + max_tokens` within the context, checked before).
     pub prompt: Vec<u32>,
-    /// At most this many tokens.
-    pub max_tokens: usize,
-    /// Greedy or seeded sampling.
-    pub chooser: TokenChooser,
-    /// Strings that end the generation (not included in the text).
-    pub stop: Vec<String>,
-    /// Added to these tokens' logits before choosing (OpenAI's `logit_bias`).
-    pub bias: Vec<(u32, f32)>,
+    /// The token limit, the sampler (greedy or seeded, `logit_bias`), stop strings and end
+    /// tokens: decoded by the library's one loop ([`Decoding`]).
+    pub request: DecodeRequest,
     /// Where the events go; closed when the client is gone.
     pub events: UnboundedSender<Event>,
 }
@@ -181,120 +140,33 @@ impl Engine {
 
 /// A request being decoded.
 struct Active<'t> {
-    job: Job,
+    prompt: Vec<u32>,
+    events: UnboundedSender<Event>,
     cache: SequenceCache,
     /// What the next step feeds: the prompt (what the prefix cache did not give), then each
     /// chosen token.
     feed: Vec<u32>,
-    /// Prompt positions restored from the prefix cache.
-    cached: usize,
-    text: TextStream<'t>,
-    /// Text not yet sent: it might be the start of a stop string.
-    held: String,
-    /// Everything emitted so far, sent or held (what the tokens' full decoding must extend).
-    emitted: String,
-    /// The tokens generated.
-    tokens: Vec<u32>,
-    generated: usize,
-    /// Set when the request is over.
-    done: bool,
+    /// Token choice, stop strings, text: the library's one loop.
+    decoding: Decoding<'t>,
 }
 
 impl Active<'_> {
     fn send(&self, event: Event) {
         // A closed channel means the client left: the request is dropped at the next step.
-        let _ = self.job.events.send(event);
-    }
-
-    /// Ends the request at the end token or `max_tokens`: the text the streamed pieces have
-    /// not given yet (bytes of an incomplete character, decoded as the whole sequence decodes)
-    /// goes out first, unless it completes a stop string.
-    fn finish_with_tail(&mut self, finish: Finish, tokenizer: &GgufTokenizer) {
-        let full = tokenizer.decode(&self.tokens).unwrap_or_default();
-        if let Some(tail) = full.strip_prefix(self.emitted.as_str()) {
-            if !tail.is_empty() && self.push_text(tail) {
-                return self.finish(Finish::Stop);
-            }
-        }
-        self.finish(finish)
-    }
-
-    fn finish(&mut self, finish: Finish) {
-        if !self.held.is_empty() {
-            let text = std::mem::take(&mut self.held);
-            self.send(Event::Text(text));
-        }
-        self.send(Event::Done {
-            finish,
-            completion_tokens: self.generated,
-            cached_tokens: self.cached,
-        });
-        self.done = true;
+        let _ = self.events.send(event);
     }
 
     /// Chooses the next token from the step's `row` of logits and handles it: the end, text
     /// (stop strings), `max_tokens`, or the token to feed next.
-    fn advance(&mut self, row: &mut [f32], tokenizer: &GgufTokenizer) {
-        for &(id, bias) in &self.job.bias {
-            row[id as usize] += bias;
-        }
-        let token = self.job.chooser.choose_from_logits(row);
-        // Any end-of-generation token (`<|endoftext|>` as well as the chat turn's end), even one
-        // forced by `logit_bias`: the end, never text.
-        if tokenizer.is_end_of_generation(token) {
-            return self.finish_with_tail(Finish::Stop, tokenizer);
-        }
-        self.generated += 1;
-        self.tokens.push(token);
-        let stopped = match self.text.push(token) {
-            Ok(piece) => self.push_text(&piece),
-            Err(e) => {
-                self.send(Event::Failed(e.to_string()));
-                self.done = true;
-                return;
-            }
-        };
-        if stopped {
-            self.finish(Finish::Stop);
-        } else if self.generated >= self.job.max_tokens {
-            self.finish_with_tail(Finish::Length, tokenizer);
-        } else {
+    fn advance(&mut self, row: &mut [f32]) {
+        let events = &self.events;
+        let next = self.decoding.advance(row, &mut |e| {
+            let _ = events.send(e);
+        });
+        if let Next::Feed(token) = next {
             self.feed.clear();
             self.feed.push(token);
         }
-    }
-
-    /// Takes the next piece of text: sends what can no longer be part of a stop string, and
-    /// says whether a stop string was completed (the text before it is sent, it is not).
-    fn push_text(&mut self, piece: &str) -> bool {
-        self.emitted.push_str(piece);
-        self.held.push_str(piece);
-        let stops = &self.job.stop;
-        if let Some(at) = stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
-            self.held.truncate(at);
-            return true;
-        }
-        // Hold back the longest tail that begins a stop string.
-        let longest = stops.iter().map(String::len).max().unwrap_or(0);
-        let keep = (1..=self.held.len().min(longest))
-            .rev()
-            .filter(|&k| self.held.is_char_boundary(self.held.len() - k))
-            .find(|&k| {
-                let tail = &self.held[self.held.len() - k..];
-                stops.iter().any(|s| s.starts_with(tail))
-            })
-            .unwrap_or(0);
-        let ready = self.held.len() - keep;
-        if ready > 0 {
-            let rest = self.held.split_off(ready);
-            let text = std::mem::replace(&mut self.held, rest);
-            self.send(Event::Text(text));
-        }
-        false
     }
 }
 
@@ -306,32 +178,20 @@ fn admit<'t>(
     tokenizer: &'t GgufTokenizer,
     prefixes: &mut PrefixCache,
 ) -> Active<'t> {
-    let mut cache = model.sequence(job.prompt.len() + job.max_tokens);
+    let mut cache = model.sequence(job.prompt.len() + job.request.max_tokens);
     let cached = prefixes.restore(&job.prompt, &mut cache);
     Active {
         cache,
         feed: job.prompt[cached..].to_vec(),
-        cached,
-        text: tokenizer.stream(),
-        held: String::new(),
-        emitted: String::new(),
-        tokens: Vec::new(),
-        generated: 0,
-        done: false,
-        job,
+        decoding: Decoding::new(tokenizer, job.request).with_cached_tokens(cached),
+        prompt: job.prompt,
+        events: job.events,
     }
 }
 
 /// Keeps what `a` has been fed (its prompt, then the tokens it chose) for later requests.
 fn keep(a: &Active<'_>, prefixes: &mut PrefixCache) {
-    let fed = a.cache.len().saturating_sub(a.job.prompt.len());
-    if fed == 0 {
-        return prefixes.store(&a.job.prompt, &a.cache);
-    }
-    let mut tokens = Vec::with_capacity(a.cache.len());
-    tokens.extend_from_slice(&a.job.prompt);
-    tokens.extend_from_slice(&a.tokens[..fed.min(a.tokens.len())]);
-    prefixes.store(&tokens, &a.cache);
+    decode::store(prefixes, &a.prompt, a.decoding.tokens(), &a.cache);
 }
 
 /// The engine's queue, and what its thread does before it waits on it.
@@ -379,7 +239,7 @@ fn decode_loop(
         // is kept).
         let before = active.len();
         active.retain(|a| {
-            let gone = a.job.events.is_closed();
+            let gone = a.events.is_closed();
             if gone {
                 keep(a, &mut prefixes);
             }
@@ -425,25 +285,30 @@ fn decode_loop(
         for (a, row) in active.iter_mut().zip(logits.chunks_exact_mut(vocab)) {
             // The step that fed the prompt: no token has been chosen yet (every request
             // that outlives a step has chosen one).
-            if a.generated == 0 {
-                stats.cached_tokens.fetch_add(a.cached, Ordering::SeqCst);
+            if a.decoding.tokens().is_empty() {
+                stats
+                    .cached_tokens
+                    .fetch_add(a.decoding.cached_tokens(), Ordering::SeqCst);
                 keep(a, &mut prefixes);
             }
             // One request's failure (a panic in its sampling or detokenising) ends that
             // request only.
-            let outcome = catch_unwind(AssertUnwindSafe(|| a.advance(row, tokenizer)));
+            let outcome = catch_unwind(AssertUnwindSafe(|| a.advance(row)));
             if outcome.is_err() {
-                a.send(Event::Failed(
+                let events = &a.events;
+                a.decoding.fail(
                     "choosing the next token failed (it panicked)".into(),
-                ));
-                a.done = true;
+                    &mut |e| {
+                        let _ = events.send(e);
+                    },
+                );
             }
-            if a.done {
+            if a.decoding.is_done() {
                 keep(a, &mut prefixes);
             }
         }
         let before = active.len();
-        active.retain(|a| !a.done);
+        active.retain(|a| !a.decoding.is_done());
         load.fetch_sub(before - active.len(), Ordering::SeqCst);
         stats
             .completed

@@ -54,6 +54,10 @@ pub struct Args {
     /// Seed of the sampler.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// A string that ends the generation of a single prompt; the text stops before it and
+    /// none of it is printed, even split over tokens (repeat for several).
+    #[arg(long, conflicts_with = "run")]
+    pub stop: Vec<String>,
     /// How the GGUF model's weights are held: `quantized` keeps the file's blocks and computes
     /// on the CPU (llama.cpp's scheme; the default on the CPU backends), `f32` dequantises them
     /// into xfmr's decoder-only model on the backend (the default on wgpu).
@@ -158,10 +162,17 @@ fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
     let options = options(&lm, args);
     if let [prompt] = &prompts[..] {
         let mut stdout = std::io::stdout();
-        let done = lm.complete(prompt, &options, |text| {
+        let print = |text: &str| {
             let _ = stdout.write_all(text.as_bytes());
             let _ = stdout.flush();
-        })?;
+        };
+        // Greedy or sampled: the one decoding loop `xfmr serve` runs too.
+        let done = match lm.decode_request(&options)? {
+            Some(request) => {
+                lm.complete_request(prompt, request.with_stop(args.stop.clone()), print)?
+            }
+            None => lm.complete(prompt, &options, print)?,
+        };
         println!();
         eprintln!(
             "prompt: {} tokens in {:.2} s ({:.1} tokens/s); generated: {} tokens, {:.1} tokens/s{}",
@@ -171,12 +182,18 @@ fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
             done.tokens.len(),
             done.generation_tokens_per_second(),
             if done.stopped_at_eos {
-                " (stopped at the end token)"
+                " (stopped at the end token or a stop string)"
             } else {
                 ""
             },
         );
     } else {
+        if !args.stop.is_empty() {
+            anyhow::bail!(
+                "--stop applies to a single prompt ({} given)",
+                prompts.len()
+            );
+        }
         let start = std::time::Instant::now();
         let texts = lm.complete_batch(&prompts, &options)?;
         for (k, text) in texts.iter().enumerate() {

@@ -2,7 +2,9 @@
 //!
 //! Any model that can take one decoding step from a state implements [`IncrementalDecoder`]
 //! ([`Transformer`](crate::Transformer) and [`DecoderOnly`](crate::DecoderOnly) do); the search
-//! itself runs on the host over the step's logits, `[batch, vocab]` per step.
+//! itself runs on the host over the step's logits, `[batch, vocab]` per step. Tokens are
+//! chosen by [`Sampler`], the one sampler on host logits that `xfmr-llm`'s decoding loop and
+//! the server share.
 //!
 //! Conventions:
 //! - Output tokens exclude the start token, the prompt and the end-of-sequence token;
@@ -16,17 +18,18 @@
 //!   and returns [`ModelError::Cancelled`] once it is cancelled or past its deadline.
 
 use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 use crate::{int_tensor, ModelError};
 
 mod beam;
 mod cancel;
 mod options;
+mod sampler;
 
 pub use cancel::{Cancel, CancelOnDrop};
 pub use options::{BeamOptions, GenerationOptions, SampleOptions, Strategy};
+use sampler::ranked;
+pub use sampler::{log_softmax_host, Sampler};
 
 /// One decoding step's output.
 #[derive(Debug, Clone)]
@@ -221,127 +224,6 @@ fn first_tensor<B: Backend>(first: &[Vec<u32>], device: &B::Device) -> Tensor<B,
     )
 }
 
-/// Picks one sequence's next tokens from its log-probabilities, greedily or by sampling with
-/// its own seeded generator: what a server decoding many independent requests in one batch
-/// needs, each request drawing as if it were alone.
-#[derive(Debug, Clone)]
-pub struct TokenChooser {
-    sample: Option<SampleOptions>,
-    rng: ChaCha8Rng,
-}
-
-impl TokenChooser {
-    /// Greedy (`None`: the most probable token, the lowest id on ties) or sampled under
-    /// temperature, top-k and top-p, from a generator seeded with `sample.seed`.
-    pub fn new(sample: Option<SampleOptions>) -> Self {
-        let seed = sample.as_ref().map_or(0, |s| s.seed);
-        Self {
-            sample,
-            rng: ChaCha8Rng::seed_from_u64(seed),
-        }
-    }
-
-    /// The next token of `log_probs` (`[vocab]`, normalised or not).
-    pub fn choose(&mut self, log_probs: &[f64]) -> u32 {
-        match &self.sample {
-            None => argmax(log_probs) as u32,
-            Some(s) => draw(log_probs, s, &mut self.rng) as u32,
-        }
-    }
-
-    /// The next token of raw `logits` (`[vocab]`): greedy takes their argmax directly (the
-    /// log-softmax is monotonic), sampling draws from [`log_softmax_host`] of them.
-    pub fn choose_from_logits(&mut self, logits: &[f32]) -> u32 {
-        match &self.sample {
-            None => {
-                let mut best = 0;
-                for (i, &v) in logits.iter().enumerate() {
-                    if v > logits[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            }
-            Some(_) => self.choose(&log_softmax_host(logits)),
-        }
-    }
-}
-
-/// `log softmax(logits)` on the host, in `f64`.
-pub fn log_softmax_host(logits: &[f32]) -> Vec<f64> {
-    let max = logits
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-    let total: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
-    let shift = max + total.ln();
-    logits.iter().map(|&v| v as f64 - shift).collect()
-}
-
-/// Index of the largest value, the first on ties.
-fn argmax(row: &[f64]) -> usize {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-/// The `n` most probable token ids (all of them for `None`), sorted by descending
-/// log-probability, ties to the lower id; impossible tokens (-inf) are left out.
-fn ranked(row: &[f64], n: Option<usize>) -> Vec<usize> {
-    let order = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
-    let mut ids: Vec<usize> = (0..row.len())
-        .filter(|&i| row[i] > f64::NEG_INFINITY)
-        .collect();
-    if let Some(n) = n.filter(|&n| n > 0 && n < ids.len()) {
-        // Partition first (linear), sort only the kept few: beam search asks for 2k of a
-        // vocabulary of tens of thousands at every step.
-        ids.select_nth_unstable_by(n - 1, order);
-        ids.truncate(n);
-    }
-    ids.sort_by(order);
-    ids
-}
-
-/// Draws a token from `log_probs` under temperature, top-k and top-p.
-fn draw(log_probs: &[f64], options: &SampleOptions, rng: &mut ChaCha8Rng) -> usize {
-    let mut ids = ranked(log_probs, options.top_k);
-    // Tempered, renormalised probabilities of the kept ids.
-    let max = log_probs[ids[0]] / options.temperature;
-    let mut probs: Vec<f64> = ids
-        .iter()
-        .map(|&i| (log_probs[i] / options.temperature - max).exp())
-        .collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
-    if let Some(top_p) = options.top_p {
-        let mut cumulative = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            cumulative += p;
-            if cumulative >= top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        ids.truncate(keep);
-        probs.truncate(keep);
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
-    }
-    let u: f64 = rng.random();
-    let mut cumulative = 0.0;
-    for (i, p) in probs.iter().enumerate() {
-        cumulative += p;
-        if u < cumulative {
-            return ids[i];
-        }
-    }
-    *ids.last().expect("at least one candidate")
-}
-
 fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
     model: &M,
     mut state: M::State,
@@ -352,7 +234,8 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
 ) -> Result<Generation, ModelError> {
     let batch = first.len();
     let device = model.device();
-    let mut rng = ChaCha8Rng::seed_from_u64(sample.map_or(0, |s| s.seed));
+    // One generator for the batch, drawn from in row order.
+    let mut sampler = Sampler::new(sample.cloned());
     let mut out: Vec<Hypothesis> = (0..batch)
         .map(|_| Hypothesis {
             tokens: Vec::new(),
@@ -373,10 +256,7 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
             if hyp.finished {
                 continue;
             }
-            let token = match sample {
-                None => argmax(&log_probs[b]),
-                Some(s) => draw(&log_probs[b], s, &mut rng),
-            };
+            let token = sampler.choose_log_probs(&log_probs[b]) as usize;
             hyp.log_prob += log_probs[b][token];
             if token as u32 == options.eos_id {
                 hyp.finished = true;

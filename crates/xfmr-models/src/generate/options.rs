@@ -132,7 +132,14 @@ impl GenerationOptions {
         self.cancel.as_ref().map_or(Ok(()), Cancel::check)
     }
 
-    pub(crate) fn validate(&self, vocab: usize) -> Result<(), ModelError> {
+    /// Checks the options for a model of `vocab` tokens: the end and padding ids inside it,
+    /// `min_len <= max_len`, a beam of at least one with `1 ..= beam_size` returned and a
+    /// finite length penalty, a positive finite temperature, `top_k >= 1`, `top_p` in
+    /// `(0, 1]`. Every search calls it first.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidOption`] naming the field, its value and what was expected.
+    pub fn validate(&self, vocab: usize) -> Result<(), ModelError> {
         let bad = |field, value: String, expected| {
             Err(ModelError::InvalidOption {
                 field,

@@ -8,8 +8,9 @@ use burn::tensor::backend::Backend;
 use serde_json::Value;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::time::Instant;
+use xfmr_llm::decode::DecodeRequest;
 use xfmr_llm::{LlmError, Message};
-use xfmr_models::generate::{SampleOptions, TokenChooser};
+use xfmr_models::generate::{SampleOptions, Sampler};
 
 use super::strings;
 use crate::api::GenerationRequest;
@@ -220,10 +221,11 @@ pub(super) fn submit<B: Backend>(
     let (events, rx) = unbounded_channel();
     llm.engine.submit(Job {
         prompt: ids.clone(),
-        max_tokens,
-        chooser: TokenChooser::new(settings.sample.clone()),
-        stop: settings.stop.clone(),
-        bias: settings.bias.clone(),
+        request: DecodeRequest::greedy(&llm.tokenizer, max_tokens)
+            .with_sampler(
+                Sampler::new(settings.sample.clone()).with_logit_bias(settings.bias.clone()),
+            )
+            .with_stop(settings.stop.clone()),
         events,
     })?;
     Ok((rx, ids.len()))

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use burn::backend::{Autodiff, NdArray};
 use serde_json::{json, Value};
-use xfmr_llm::{Gguf, LanguageModel, WeightFormat};
+use xfmr_llm::decode::{self, DecodeRequest};
+use xfmr_llm::{Gguf, LanguageModel, LmWeights, WeightFormat};
+use xfmr_models::generate::{SampleOptions, Sampler};
 use xfmr_models::{GenerationOptions, Transformer, TransformerConfig};
 use xfmr_serve::{RunningServer, ServeConfig, Server};
 use xfmr_train::data::parse_tsv;
@@ -166,8 +168,11 @@ fn serve_health_and_models() {
     assert!(models["data"][0]["created"].as_u64().unwrap() > 1_700_000_000);
 }
 
+/// `xfmr serve` and `xfmr generate` (which runs `LanguageModel::complete`) decode through the
+/// one loop (`xfmr_llm::decode`): the server's batched engine gives the library's greedy
+/// text, and with a seed the sampled text of the library's loop given the same request.
 #[test]
-fn serve_completions_equal_the_library_greedy_decoding() {
+fn decode_loop_serve_equals_xfmr_generate() {
     let addr = shared();
     for prompt in ["hello there", "the hello"] {
         let r = post(
@@ -200,6 +205,37 @@ fn serve_completions_equal_the_library_greedy_decoding() {
     assert_eq!(r["choices"][0]["text"], library_greedy("hello there", 12));
     assert_eq!(r["choices"][1]["text"], library_greedy("the hello", 12));
     assert_eq!(r["choices"][1]["index"], 1);
+
+    // Seeded sampling: the server's request and the library's loop given the same sampler
+    // (temperature, top-p, seed, the end token's bias) draw the same tokens.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 20, "temperature": 0.9, "top_p": 0.95,
+                "seed": 4, "logit_bias": {EOS.to_string(): -100}}),
+    )
+    .json();
+    let lm = tiny_lm();
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let sampler = Sampler::new(Some(SampleOptions {
+        temperature: 0.9,
+        top_k: None,
+        top_p: Some(0.95),
+        seed: 4,
+    }))
+    .with_logit_bias(vec![(EOS, -100.0)]);
+    let prompt = lm.tokenizer.encode("hello").unwrap();
+    let request = DecodeRequest::greedy(&lm.tokenizer, 20).with_sampler(sampler);
+    let library =
+        decode::decode(model, &lm.tokenizer, &prompt, request, None, &mut |_| {}).unwrap();
+    let text = lm.tokenizer.decode(&library.tokens).unwrap();
+    assert_eq!(r["choices"][0]["text"], text.as_str());
+    assert_eq!(
+        r["usage"]["completion_tokens"].as_u64(),
+        Some(library.tokens.len() as u64)
+    );
 }
 
 /// Prefix caching across requests: a prompt that begins as an earlier one did is fed only the

@@ -1,0 +1,261 @@
+//! Driving a [`Decoding`] over a model's steps: [`run`], and the two ways models give host
+//! logits ([`QuantizedSteps`], [`TensorSteps`]).
+
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_models::generate::{Cancel, IncrementalDecoder};
+use xfmr_models::ModelError;
+
+use super::{DecodeRequest, Decoding, Event, Finish, Next};
+use crate::quantized::{PrefixCache, Scratch, SequenceCache};
+use crate::{GgufTokenizer, LlmError, QuantizedLlama};
+
+/// A finished [`decode`] or [`decode_tensor`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decoded {
+    /// Generated ids (no end token).
+    pub tokens: Vec<u32>,
+    /// Why it ended.
+    pub finish: Finish,
+    /// Prompt tokens taken from the prefix cache.
+    pub cached_tokens: usize,
+    /// From the start to the first chosen token: the prompt's forward pass and one choice.
+    pub prompt_time: Duration,
+    /// From the first chosen token to the end.
+    pub generation_time: Duration,
+}
+
+/// One sequence's decoding steps with logits on the host: what [`run`] drives.
+pub trait HostSteps {
+    /// Feeds `tokens` (≥ 1) after everything fed so far and returns the logits that follow
+    /// the last of them, `[vocab]`.
+    ///
+    /// # Errors
+    /// The model's: ids outside the vocabulary, a context too long.
+    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError>;
+}
+
+/// [`QuantizedLlama`] over one sequence's key/value cache: its logits are host memory
+/// already, lent from one buffer reused every step.
+pub struct QuantizedSteps<'m> {
+    model: &'m QuantizedLlama,
+    /// The sequence's keys and values.
+    pub cache: SequenceCache,
+    scratch: Scratch,
+}
+
+impl<'m> QuantizedSteps<'m> {
+    /// Steps of `model` from `cache` (empty, or restored from a [`PrefixCache`]).
+    pub fn new(model: &'m QuantizedLlama, cache: SequenceCache) -> Self {
+        Self {
+            model,
+            cache,
+            scratch: Scratch::new(),
+        }
+    }
+}
+
+impl HostSteps for QuantizedSteps<'_> {
+    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError> {
+        self.model
+            .forward_batch_in(&mut [(&mut self.cache, tokens)], &mut self.scratch)
+    }
+}
+
+/// Any [`IncrementalDecoder`] (xfmr's `f32` models, on any backend) over one sequence, each
+/// step's logits copied to the host: the one adapter through which tensor models reach the
+/// loop.
+pub struct TensorSteps<'m, B: Backend, M: IncrementalDecoder<B>> {
+    model: &'m M,
+    state: M::State,
+    logits: Vec<f32>,
+    device: B::Device,
+}
+
+impl<'m, B: Backend, M: IncrementalDecoder<B>> TensorSteps<'m, B, M> {
+    /// Steps of `model` from `state` (one row, nothing fed yet).
+    pub fn new(model: &'m M, state: M::State) -> Self {
+        Self {
+            device: model.device(),
+            model,
+            state,
+            logits: Vec::new(),
+        }
+    }
+}
+
+impl<B: Backend, M: IncrementalDecoder<B>> HostSteps for TensorSteps<'_, B, M> {
+    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError> {
+        let vocab = self.model.vocab_size();
+        if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
+            return Err(ModelError::InvalidInput(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let ids = tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
+        let ids =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
+        let step = self.model.step(&mut self.state, ids, false)?;
+        self.logits = step
+            .logits
+            .into_data()
+            .convert::<f32>()
+            .into_vec::<f32>()
+            .map_err(|e| ModelError::InvalidInput(format!("logits: {e:?}")))?;
+        Ok(&mut self.logits)
+    }
+}
+
+/// Runs `decoding` to its end: feeds `prompt` (≥ 1 token: what the steps have not been fed
+/// of it), then each chosen token; checks the request's cancel token before each step.
+/// Returns the time to the first chosen token and from it to the end.
+///
+/// # Errors
+/// The model's step ([`LlmError::Model`], [`ModelError::Cancelled`] among them), a token the
+/// tokenizer cannot decode ([`LlmError::Tokenizer`]); [`Event::Failed`] was emitted.
+pub fn run(
+    steps: &mut dyn HostSteps,
+    decoding: &mut Decoding<'_>,
+    prompt: &[u32],
+    emit: &mut dyn FnMut(Event),
+) -> Result<(Duration, Duration), LlmError> {
+    let start = Instant::now();
+    let cancel = decoding.request.cancel.clone();
+    let mut feed = prompt.to_vec();
+    let mut first = None;
+    let mut failure = None;
+    while !decoding.is_done() {
+        let logits = match cancel
+            .as_ref()
+            .map_or(Ok(()), Cancel::check)
+            .and_then(|()| steps.step(&feed))
+        {
+            Ok(logits) => logits,
+            Err(e) => {
+                decoding.fail(e.to_string(), emit);
+                failure = Some(LlmError::from(e));
+                break;
+            }
+        };
+        let next = decoding.advance(logits, &mut |event| {
+            if let Event::Failed(message) = &event {
+                // The only failure of `advance`: the tokenizer's.
+                failure.get_or_insert(LlmError::Tokenizer(message.clone()));
+            }
+            emit(event)
+        });
+        first.get_or_insert_with(|| start.elapsed());
+        if let Next::Feed(token) = next {
+            feed.clear();
+            feed.push(token);
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    let total = start.elapsed();
+    let first = first.unwrap_or(total);
+    Ok((first, total - first))
+}
+
+/// Decodes one prompt on the quantised model through a [`Decoding`] ([`run`] over
+/// [`QuantizedSteps`]). Events go to `emit` as they happen. With `prefixes`, the longest
+/// prefix of `prompt` it holds is restored first, and what was fed is stored again at the end
+/// (as the server does between requests).
+///
+/// # Errors
+/// An empty prompt, `max_tokens` 0, a prompt and `max_tokens` beyond the model's context,
+/// ids outside the vocabulary, [`ModelError::Cancelled`] ([`LlmError::Model`]); a token the
+/// tokenizer cannot decode ([`LlmError::Tokenizer`]). [`Event::Failed`] was emitted for the
+/// errors of a step.
+pub fn decode(
+    model: &QuantizedLlama,
+    tokenizer: &GgufTokenizer,
+    prompt: &[u32],
+    request: DecodeRequest,
+    prefixes: Option<&mut PrefixCache>,
+    emit: &mut dyn FnMut(Event),
+) -> Result<Decoded, LlmError> {
+    let context = model.config.context_length;
+    check(prompt, &request)?;
+    if prompt.len() + request.max_tokens > context {
+        return Err(ModelError::InvalidInput(format!(
+            "a prompt of {} tokens and {} new ones exceed the model's context of {context}",
+            prompt.len(),
+            request.max_tokens
+        ))
+        .into());
+    }
+    let mut cache = model.sequence(prompt.len() + request.max_tokens);
+    let mut prefixes = prefixes;
+    let cached = prefixes
+        .as_deref_mut()
+        .map_or(0, |p| p.restore(prompt, &mut cache));
+    let mut decoding = Decoding::new(tokenizer, request).with_cached_tokens(cached);
+    let mut steps = QuantizedSteps::new(model, cache);
+    let timing = run(&mut steps, &mut decoding, &prompt[cached..], emit);
+    if let Some(prefixes) = prefixes {
+        store(prefixes, prompt, decoding.tokens(), &steps.cache);
+    }
+    let (prompt_time, generation_time) = timing?;
+    Ok(Decoded {
+        tokens: decoding.tokens().to_vec(),
+        finish: decoding.finish().unwrap_or(Finish::Length),
+        cached_tokens: cached,
+        prompt_time,
+        generation_time,
+    })
+}
+
+/// Decodes one prompt on a tensor model (an `f32` [`DecoderOnly`](xfmr_models::DecoderOnly)
+/// on any backend) through a [`Decoding`]: [`run`] over [`TensorSteps`] from `state`, a fresh
+/// one-row state.
+///
+/// # Errors
+/// An empty prompt, `max_tokens` 0, the model's step errors, a token the tokenizer cannot
+/// decode.
+pub fn decode_tensor<B: Backend, M: IncrementalDecoder<B>>(
+    model: &M,
+    state: M::State,
+    tokenizer: &GgufTokenizer,
+    prompt: &[u32],
+    request: DecodeRequest,
+    emit: &mut dyn FnMut(Event),
+) -> Result<Decoded, LlmError> {
+    check(prompt, &request)?;
+    let mut decoding = Decoding::new(tokenizer, request);
+    let mut steps = TensorSteps::new(model, state);
+    let (prompt_time, generation_time) = run(&mut steps, &mut decoding, prompt, emit)?;
+    Ok(Decoded {
+        tokens: decoding.tokens().to_vec(),
+        finish: decoding.finish().unwrap_or(Finish::Length),
+        cached_tokens: 0,
+        prompt_time,
+        generation_time,
+    })
+}
+
+/// A non-empty prompt and at least one token to generate.
+fn check(prompt: &[u32], request: &DecodeRequest) -> Result<(), LlmError> {
+    if prompt.is_empty() {
+        return Err(ModelError::InvalidInput("the prompt is empty".into()).into());
+    }
+    if request.max_tokens == 0 {
+        return Err(ModelError::InvalidInput("max_tokens is 0: nothing to generate".into()).into());
+    }
+    Ok(())
+}
+
+/// Keeps what `cache` has been fed (`prompt`, then the first of `generated`) in `prefixes`.
+pub fn store(prefixes: &mut PrefixCache, prompt: &[u32], generated: &[u32], cache: &SequenceCache) {
+    let fed = cache.len().saturating_sub(prompt.len());
+    if fed == 0 {
+        return prefixes.store(prompt, cache);
+    }
+    let mut tokens = Vec::with_capacity(cache.len());
+    tokens.extend_from_slice(prompt);
+    tokens.extend_from_slice(&generated[..fed.min(generated.len())]);
+    prefixes.store(&tokens, cache);
+}

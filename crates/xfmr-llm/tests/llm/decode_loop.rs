@@ -1,0 +1,357 @@
+//! The one decoding loop on host logits (`xfmr_llm::decode`): what `xfmr generate`,
+//! `LanguageModel::complete` on quantised weights and `xfmr serve` share.
+//!
+//! [`Decoding`] is driven here with scripted logits (one token made the argmax per step), so
+//! that every split of a stop string over tokens can be chosen; [`decode`] and `complete` run
+//! the tiny quantised model, checked against the library's tensor path
+//! (`xfmr_models::generate` through `QuantizedLlama`'s `IncrementalDecoder`).
+
+use burn::backend::NdArray;
+use xfmr_llm::decode::{self, DecodeRequest, Decoding, Event, Finish, Next};
+use xfmr_llm::gguf::Gguf;
+use xfmr_llm::quantized::PrefixCache;
+use xfmr_llm::{GgufTokenizer, LanguageModel, LmWeights, WeightFormat};
+use xfmr_models::generate::{SampleOptions, Sampler, Strategy};
+use xfmr_models::GenerationOptions;
+
+use crate::tiny::tiny_gguf;
+
+fn tiny_lm() -> LanguageModel<NdArray> {
+    let gguf = Gguf::parse(tiny_gguf(7)).unwrap();
+    LanguageModel::from_gguf_with(&gguf, &Default::default(), WeightFormat::Quantized).unwrap()
+}
+
+/// Logits of `vocab` zeros with `token` at 10: the argmax.
+fn one_hot(vocab: usize, token: u32) -> Vec<f32> {
+    let mut logits = vec![0.0; vocab];
+    logits[token as usize] = 10.0;
+    logits
+}
+
+/// Runs `decoding` over `script` (one chosen token per step, until it says it is done) and
+/// returns its events and how many steps it took.
+fn run(decoding: &mut Decoding<'_>, vocab: usize, script: &[u32]) -> (Vec<Event>, usize) {
+    let mut events = Vec::new();
+    for (step, &token) in script.iter().enumerate() {
+        let next = decoding.advance(&mut one_hot(vocab, token), &mut |e| events.push(e));
+        match next {
+            Next::Feed(fed) => assert_eq!(fed, token, "step {step} feeds the chosen token"),
+            Next::Done => return (events, step + 1),
+        }
+    }
+    (events, script.len())
+}
+
+fn text_of(events: &[Event]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Text(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn done_of(events: &[Event]) -> (Finish, usize) {
+    match events.last() {
+        Some(Event::Done {
+            finish,
+            completion_tokens,
+            ..
+        }) => (*finish, *completion_tokens),
+        other => panic!("the last event is not the end: {other:?}"),
+    }
+}
+
+/// One token per byte of `text`, so that every split of a multi-byte character and of a
+/// stop string over tokens is taken: the tiny vocabulary lists its 256 byte tokens after its
+/// three control tokens, byte `b` at id `3 + b` (`xfmr_testing::tiny_gguf::tokens`).
+fn byte_tokens(tokenizer: &GgufTokenizer, text: &str) -> Vec<u32> {
+    let ids: Vec<u32> = text.bytes().map(|b| 3 + u32::from(b)).collect();
+    assert_eq!(
+        tokenizer.decode(&ids).unwrap(),
+        text,
+        "byte tokens of {text:?}"
+    );
+    ids
+}
+
+#[test]
+fn decode_loop_stop_strings_never_in_the_output_even_split_across_tokens() {
+    let lm = tiny_lm();
+    let tokenizer = &lm.tokenizer;
+    let vocab = tokenizer.n_tokens();
+    let text = "a café. STOP! then more";
+    let script = byte_tokens(tokenizer, text);
+    for stop in ["STOP", "é. S", "é", " ", "P! t", "a café. STOP! then more"] {
+        let before = &text[..text.find(stop).unwrap()];
+        let request = DecodeRequest::greedy(tokenizer, 100).with_stop(vec![stop.into()]);
+        let mut decoding = Decoding::new(tokenizer, request);
+        let (events, steps) = run(&mut decoding, vocab, &script);
+        assert_eq!(
+            text_of(&events),
+            before,
+            "stop {stop:?}: the text before it"
+        );
+        assert_eq!(
+            steps,
+            text[..text.find(stop).unwrap() + stop.len()].len(),
+            "stop {stop:?}: it ends at the token completing it"
+        );
+        assert_eq!(done_of(&events).0, Finish::Stop, "stop {stop:?}");
+        // No piece ever held a part of the stop string that was then taken back: the pieces
+        // are the text before it, in order.
+        let mut emitted = String::new();
+        for e in &events {
+            if let Event::Text(t) = e {
+                emitted.push_str(t);
+                assert!(
+                    before.starts_with(&emitted),
+                    "stop {stop:?}: {emitted:?} emitted"
+                );
+            }
+        }
+    }
+    // A string that only begins like a stop string is held, then emitted whole.
+    let request = DecodeRequest::greedy(tokenizer, 100).with_stop(vec!["STOPPED".into()]);
+    let mut decoding = Decoding::new(tokenizer, request);
+    let (events, steps) = run(&mut decoding, vocab, &script);
+    assert_eq!(steps, script.len());
+    assert_eq!(text_of(&events), text, "no stop string: all the text");
+    assert!(!decoding.is_done(), "the script ended before the limit");
+}
+
+#[test]
+fn decode_loop_logit_bias_and_min_len_honoured() {
+    let lm = tiny_lm();
+    let tokenizer = &lm.tokenizer;
+    let vocab = tokenizer.n_tokens();
+    let eos = tokenizer.eos_id();
+    let [a, b] = byte_tokens(tokenizer, "ab")[..] else {
+        unreachable!()
+    };
+    // The end token is the argmax at every step: min_len 3 keeps it off for three tokens
+    // (each the runner-up), then it ends the sequence.
+    let mut logits_with_end = one_hot(vocab, eos);
+    logits_with_end[a as usize] = 5.0;
+    let request = DecodeRequest::greedy(tokenizer, 10)
+        .with_sampler(Sampler::greedy().with_min_len(3, vec![eos]));
+    let mut decoding = Decoding::new(tokenizer, request);
+    let mut events = Vec::new();
+    for _ in 0..10 {
+        if decoding.advance(&mut logits_with_end.clone(), &mut |e| events.push(e)) == Next::Done {
+            break;
+        }
+    }
+    assert_eq!(
+        decoding.tokens(),
+        [a, a, a],
+        "the end token held off for three"
+    );
+    assert_eq!(done_of(&events), (Finish::Stop, 3));
+    assert_eq!(text_of(&events), "aaa");
+
+    // logit_bias: +20 makes `b` win over the argmax `a`; -inf bans `a` (then `b` wins,
+    // the runner-up); a bias on an id outside the vocabulary is ignored.
+    for (bias, expected) in [
+        (vec![(b, 20.0)], b),
+        (vec![(a, f32::NEG_INFINITY)], b),
+        (vec![(vocab as u32 + 5, 100.0)], a),
+    ] {
+        let mut logits = one_hot(vocab, a);
+        logits[b as usize] = 5.0;
+        let request = DecodeRequest::greedy(tokenizer, 1)
+            .with_sampler(Sampler::greedy().with_logit_bias(bias.clone()));
+        let mut decoding = Decoding::new(tokenizer, request);
+        let mut events = Vec::new();
+        assert_eq!(
+            decoding.advance(&mut logits, &mut |e| events.push(e)),
+            Next::Done
+        );
+        assert_eq!(decoding.tokens(), [expected], "bias {bias:?}");
+        assert_eq!(done_of(&events), (Finish::Length, 1), "bias {bias:?}");
+    }
+    // Sampling draws only among what the bias leaves: `a` banned, `b` and `c` possible.
+    let [c] = byte_tokens(tokenizer, "c")[..] else {
+        unreachable!()
+    };
+    let mut logits = vec![f32::NEG_INFINITY; vocab];
+    logits[a as usize] = 10.0;
+    logits[b as usize] = 0.0;
+    logits[c as usize] = 0.0;
+    let sampler = Sampler::new(Some(SampleOptions {
+        seed: 3,
+        ..Default::default()
+    }))
+    .with_logit_bias(vec![(a, f32::NEG_INFINITY)]);
+    let request = DecodeRequest::greedy(tokenizer, 200).with_sampler(sampler);
+    let mut decoding = Decoding::new(tokenizer, request);
+    for _ in 0..200 {
+        decoding.advance(&mut logits.clone(), &mut |_| {});
+    }
+    let drawn = decoding.tokens();
+    assert_eq!(drawn.len(), 200);
+    assert!(!drawn.contains(&a), "a banned token was drawn");
+    let bs = drawn.iter().filter(|&&t| t == b).count();
+    // b and c are equally likely: 200 fair draws give 100 ± 5σ (σ ≈ 7.1).
+    assert!((65..=135).contains(&bs), "{bs} of 200 draws were b");
+}
+
+#[test]
+fn decode_loop_max_tokens_ends_with_length_and_the_whole_text() {
+    let lm = tiny_lm();
+    let tokenizer = &lm.tokenizer;
+    let vocab = tokenizer.n_tokens();
+    let text = "hello é";
+    let script = byte_tokens(tokenizer, text);
+    for max in 1..=script.len() {
+        let request = DecodeRequest::greedy(tokenizer, max);
+        let mut decoding = Decoding::new(tokenizer, request);
+        let (events, steps) = run(&mut decoding, vocab, &script);
+        assert_eq!(steps, max, "max_tokens {max}");
+        assert_eq!(done_of(&events), (Finish::Length, max));
+        assert_eq!(
+            text_of(&events),
+            tokenizer.decode(&script[..max]).unwrap(),
+            "max_tokens {max}: the text of the tokens, an incomplete character included"
+        );
+        // After the end, nothing more.
+        let mut more = Vec::new();
+        assert_eq!(
+            decoding.advance(&mut one_hot(vocab, script[0]), &mut |e| more.push(e)),
+            Next::Done
+        );
+        assert!(more.is_empty());
+    }
+}
+
+#[test]
+fn decode_loop_prefix_cache_restore_gives_the_tokens_of_an_uncached_run() {
+    let lm = tiny_lm();
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let tokenizer = &lm.tokenizer;
+    let request = |seed: Option<u64>| {
+        let sampler = Sampler::new(seed.map(|seed| SampleOptions {
+            seed,
+            ..Default::default()
+        }))
+        .with_min_len(12, tokenizer.end_of_generation_ids().to_vec());
+        DecodeRequest::greedy(tokenizer, 12).with_sampler(sampler)
+    };
+    let first = tokenizer.encode("the hello there, the hello").unwrap();
+    let mut second = first.clone();
+    second.extend(tokenizer.encode(" and hello again").unwrap());
+    for seed in [None, Some(11)] {
+        let mut prefixes = PrefixCache::new(1 << 20);
+        let alone = |prompt: &[u32]| {
+            decode::decode(model, tokenizer, prompt, request(seed), None, &mut |_| {}).unwrap()
+        };
+        let a = decode::decode(
+            model,
+            tokenizer,
+            &first,
+            request(seed),
+            Some(&mut prefixes),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(a.cached_tokens, 0, "an empty prefix cache");
+        assert_eq!(a.tokens, alone(&first).tokens, "seed {seed:?}");
+        let mut events = Vec::new();
+        let b = decode::decode(
+            model,
+            tokenizer,
+            &second,
+            request(seed),
+            Some(&mut prefixes),
+            &mut |e| events.push(e),
+        )
+        .unwrap();
+        // At least the first prompt restored (more if its first generated tokens begin the
+        // second prompt's continuation).
+        assert!(
+            b.cached_tokens >= first.len(),
+            "seed {seed:?}: {} restored",
+            b.cached_tokens
+        );
+        assert_eq!(
+            b.tokens,
+            alone(&second).tokens,
+            "seed {seed:?}: the tokens of an uncached run"
+        );
+        assert_eq!(b.tokens.len(), 12);
+        assert!(matches!(
+            events.last(),
+            Some(Event::Done { cached_tokens, .. }) if *cached_tokens == b.cached_tokens
+        ));
+        // The same prompt again: all but its last token restored.
+        let c = decode::decode(
+            model,
+            tokenizer,
+            &second,
+            request(seed),
+            Some(&mut prefixes),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(c.cached_tokens, second.len() - 1);
+        assert_eq!(c.tokens, b.tokens);
+    }
+}
+
+#[test]
+fn decode_loop_complete_equals_the_tensor_path() {
+    let lm = tiny_lm();
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let tokenizer = &lm.tokenizer;
+    let prompt = "the hello there";
+    let ids = tokenizer.encode(prompt).unwrap();
+    let greedy = GenerationOptions::greedy(16, tokenizer.eos_id(), tokenizer.pad_id());
+    for options in [
+        greedy.clone().with_min_len(16),
+        greedy.clone().with_min_len(5),
+        greedy
+            .clone()
+            .with_strategy(Strategy::Sample(SampleOptions {
+                temperature: 0.8,
+                top_k: Some(40),
+                top_p: Some(0.95),
+                seed: 5,
+            })),
+        greedy
+            .clone()
+            .with_min_len(16)
+            .with_strategy(Strategy::Sample(SampleOptions {
+                seed: 9,
+                ..Default::default()
+            })),
+    ] {
+        let mut streamed = String::new();
+        let host = lm
+            .complete(prompt, &options, |t| streamed.push_str(t))
+            .unwrap();
+        let mut tensor = model
+            .generate_streaming::<NdArray>(std::slice::from_ref(&ids), &options, &mut |_, _| {})
+            .unwrap();
+        let expected = tensor.hypotheses.remove(0).remove(0);
+        assert_eq!(host.tokens, expected.tokens, "{:?}", options.strategy);
+        assert_eq!(
+            host.stopped_at_eos, expected.finished,
+            "{:?}",
+            options.strategy
+        );
+        assert_eq!(streamed, host.text, "the streamed pieces are the text");
+        assert_eq!(host.text, tokenizer.decode(&host.tokens).unwrap());
+    }
+    // Invalid options are refused as the tensor path refuses them.
+    let bad = greedy.with_strategy(Strategy::Sample(SampleOptions {
+        temperature: 0.0,
+        ..Default::default()
+    }));
+    let err = lm.complete(prompt, &bad, |_| {}).unwrap_err();
+    assert!(err.to_string().contains("temperature"), "{err}");
+}
