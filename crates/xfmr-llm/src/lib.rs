@@ -163,9 +163,9 @@ pub struct LanguageModel<B: Backend> {
 /// One finished completion and how long it took.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Completion {
-    /// Generated ids (the end token not included).
+    /// Generated ids (the end token not included; a stop string's last token included).
     pub tokens: Vec<u32>,
-    /// Their text.
+    /// Their text (up to a stop string, without it).
     pub text: String,
     /// Whether generation stopped at an end token or a stop string (else at the token
     /// limit).
@@ -395,8 +395,11 @@ impl<B: Backend> LanguageModel<B> {
     /// tensor is built ([`decode::decode`]); `f32` weights copy each step's logits to the
     /// host ([`decode::decode_tensor`]).
     ///
+    /// The completion's `text` stops before a stop string; its `tokens` end with the token
+    /// that completed it.
+    ///
     /// # Errors
-    /// Tokenizer errors, an empty prompt, `max_tokens` 0, a context too long.
+    /// Tokenizer errors, an empty prompt, a context too long.
     pub fn complete_request(
         &self,
         prompt: &str,
@@ -404,9 +407,13 @@ impl<B: Backend> LanguageModel<B> {
         mut on_text: impl FnMut(&str),
     ) -> Result<Completion, LlmError> {
         let ids = self.tokenizer.encode(prompt)?;
+        // The text is what was emitted: it stops before a stop string, which the last token
+        // may have completed.
+        let mut text = String::new();
         let mut emit = |e: Event| {
-            if let Event::Text(text) = e {
-                on_text(&text);
+            if let Event::Text(piece) = e {
+                on_text(&piece);
+                text.push_str(&piece);
             }
         };
         let done = match &self.model {
@@ -423,7 +430,7 @@ impl<B: Backend> LanguageModel<B> {
             )?,
         };
         Ok(Completion {
-            text: self.tokenizer.decode(&done.tokens)?,
+            text,
             tokens: done.tokens,
             stopped_at_eos: done.finish == Finish::Stop,
             prompt_tokens: ids.len(),

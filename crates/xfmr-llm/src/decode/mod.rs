@@ -15,7 +15,7 @@
 
 use xfmr_models::generate::{Cancel, Sampler};
 
-use crate::{GgufTokenizer, TextStream};
+use crate::{GgufTokenizer, LlmError, TextStream};
 
 mod run;
 
@@ -63,12 +63,13 @@ pub enum Event {
 /// What one sequence asks for.
 #[derive(Debug, Clone)]
 pub struct DecodeRequest {
-    /// At most this many tokens are generated (the end token not counted). At least 1.
+    /// At most this many tokens are generated (the end token not counted; 0 ends at once).
     pub max_tokens: usize,
     /// Chooses each token (greedy or seeded sampling, `logit_bias`, minimum length).
     pub sampler: Sampler,
     /// Strings that end the generation; the text stops before the first of them and no
-    /// part of it is ever emitted, even when it is split over several tokens.
+    /// part of it is ever emitted, even when it is split over several tokens. The token that
+    /// completed it is the last of [`Decoding::tokens`].
     pub stop: Vec<String>,
     /// Tokens that end the generation (never text): the tokenizer's end-of-generation ids
     /// ([`GgufTokenizer::end_of_generation_ids`]) for a chat, or one end-of-sequence id.
@@ -126,6 +127,8 @@ pub struct Decoding<'t> {
     cached: usize,
     finish: Option<Finish>,
     failed: bool,
+    /// The tokenizer's error that ended it, until taken.
+    error: Option<LlmError>,
 }
 
 impl<'t> Decoding<'t> {
@@ -142,6 +145,7 @@ impl<'t> Decoding<'t> {
             cached: 0,
             finish: None,
             failed: false,
+            error: None,
         }
     }
 
@@ -171,6 +175,11 @@ impl<'t> Decoding<'t> {
         self.finish.is_some() || self.failed
     }
 
+    /// The tokenizer's error that ended it ([`Event::Failed`] said it), once.
+    pub fn take_error(&mut self) -> Option<LlmError> {
+        self.error.take()
+    }
+
     /// Ends it with [`Event::Failed`] (`message`), as when the model's step failed.
     pub fn fail(&mut self, message: String, emit: &mut dyn FnMut(Event)) {
         if !self.is_done() {
@@ -182,9 +191,14 @@ impl<'t> Decoding<'t> {
     /// Takes the step's `logits` (`[vocab]`, changed in place by the sampler's bias and
     /// minimum length), chooses the next token and handles it: an end token or the token
     /// limit ends the sequence, text is emitted (held back while it might begin a stop
-    /// string), a completed stop string ends it. Calling it after the end does nothing.
+    /// string), a completed stop string ends it. Calling it after the end does nothing; with
+    /// `max_tokens` 0 it ends at once (no token chosen).
     pub fn advance(&mut self, logits: &mut [f32], emit: &mut dyn FnMut(Event)) -> Next {
         if self.is_done() {
+            return Next::Done;
+        }
+        if self.request.max_tokens == 0 {
+            self.end(Finish::Length, emit);
             return Next::Done;
         }
         let token = self.request.sampler.choose(logits, self.tokens.len());
@@ -198,6 +212,7 @@ impl<'t> Decoding<'t> {
             Ok(piece) => self.push_text(&piece, emit),
             Err(e) => {
                 self.fail(e.to_string(), emit);
+                self.error = Some(e);
                 return Next::Done;
             }
         };

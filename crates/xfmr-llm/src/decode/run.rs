@@ -88,6 +88,9 @@ impl<'m, B: Backend, M: IncrementalDecoder<B>> TensorSteps<'m, B, M> {
 
 impl<B: Backend, M: IncrementalDecoder<B>> HostSteps for TensorSteps<'_, B, M> {
     fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError> {
+        if tokens.is_empty() {
+            return Err(ModelError::InvalidInput("a step of no tokens".into()));
+        }
         let vocab = self.model.vocab_size();
         if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
             return Err(ModelError::InvalidInput(format!(
@@ -110,7 +113,8 @@ impl<B: Backend, M: IncrementalDecoder<B>> HostSteps for TensorSteps<'_, B, M> {
 
 /// Runs `decoding` to its end: feeds `prompt` (≥ 1 token: what the steps have not been fed
 /// of it), then each chosen token; checks the request's cancel token before each step.
-/// Returns the time to the first chosen token and from it to the end.
+/// Returns the time to the first chosen token and from it to the last (end tokens not
+/// counted; with no token, the whole time and zero).
 ///
 /// # Errors
 /// The model's step ([`LlmError::Model`], [`ModelError::Cancelled`] among them), a token the
@@ -124,8 +128,12 @@ pub fn run(
     let start = Instant::now();
     let cancel = decoding.request.cancel.clone();
     let mut feed = prompt.to_vec();
-    let mut first = None;
+    // When the first and the last token were chosen (end tokens not counted).
+    let (mut first, mut last) = (None, None);
     let mut failure = None;
+    if decoding.request.max_tokens == 0 {
+        decoding.end(Finish::Length, emit);
+    }
     while !decoding.is_done() {
         let logits = match cancel
             .as_ref()
@@ -139,25 +147,24 @@ pub fn run(
                 break;
             }
         };
-        let next = decoding.advance(logits, &mut |event| {
-            if let Event::Failed(message) = &event {
-                // The only failure of `advance`: the tokenizer's.
-                failure.get_or_insert(LlmError::Tokenizer(message.clone()));
-            }
-            emit(event)
-        });
-        first.get_or_insert_with(|| start.elapsed());
+        let before = decoding.tokens().len();
+        let next = decoding.advance(logits, emit);
+        if decoding.tokens().len() > before {
+            let now = start.elapsed();
+            first.get_or_insert(now);
+            last = Some(now);
+        }
         if let Next::Feed(token) = next {
             feed.clear();
             feed.push(token);
         }
     }
-    if let Some(e) = failure {
+    if let Some(e) = failure.or_else(|| decoding.take_error()) {
         return Err(e);
     }
     let total = start.elapsed();
     let first = first.unwrap_or(total);
-    Ok((first, total - first))
+    Ok((first, last.unwrap_or(total) - first))
 }
 
 /// Decodes one prompt on the quantised model through a [`Decoding`] ([`run`] over
@@ -166,7 +173,7 @@ pub fn run(
 /// (as the server does between requests).
 ///
 /// # Errors
-/// An empty prompt, `max_tokens` 0, a prompt and `max_tokens` beyond the model's context,
+/// An empty prompt, a prompt and `max_tokens` beyond the model's context,
 /// ids outside the vocabulary, [`ModelError::Cancelled`] ([`LlmError::Model`]); a token the
 /// tokenizer cannot decode ([`LlmError::Tokenizer`]). [`Event::Failed`] was emitted for the
 /// errors of a step.
@@ -179,7 +186,7 @@ pub fn decode(
     emit: &mut dyn FnMut(Event),
 ) -> Result<Decoded, LlmError> {
     let context = model.config.context_length;
-    check(prompt, &request)?;
+    check(prompt)?;
     if prompt.len() + request.max_tokens > context {
         return Err(ModelError::InvalidInput(format!(
             "a prompt of {} tokens and {} new ones exceed the model's context of {context}",
@@ -214,8 +221,7 @@ pub fn decode(
 /// one-row state.
 ///
 /// # Errors
-/// An empty prompt, `max_tokens` 0, the model's step errors, a token the tokenizer cannot
-/// decode.
+/// An empty prompt, the model's step errors, a token the tokenizer cannot decode.
 pub fn decode_tensor<B: Backend, M: IncrementalDecoder<B>>(
     model: &M,
     state: M::State,
@@ -224,7 +230,7 @@ pub fn decode_tensor<B: Backend, M: IncrementalDecoder<B>>(
     request: DecodeRequest,
     emit: &mut dyn FnMut(Event),
 ) -> Result<Decoded, LlmError> {
-    check(prompt, &request)?;
+    check(prompt)?;
     let mut decoding = Decoding::new(tokenizer, request);
     let mut steps = TensorSteps::new(model, state);
     let (prompt_time, generation_time) = run(&mut steps, &mut decoding, prompt, emit)?;
@@ -237,13 +243,10 @@ pub fn decode_tensor<B: Backend, M: IncrementalDecoder<B>>(
     })
 }
 
-/// A non-empty prompt and at least one token to generate.
-fn check(prompt: &[u32], request: &DecodeRequest) -> Result<(), LlmError> {
+/// A non-empty prompt.
+fn check(prompt: &[u32]) -> Result<(), LlmError> {
     if prompt.is_empty() {
         return Err(ModelError::InvalidInput("the prompt is empty".into()).into());
-    }
-    if request.max_tokens == 0 {
-        return Err(ModelError::InvalidInput("max_tokens is 0: nothing to generate".into()).into());
     }
     Ok(())
 }

@@ -223,6 +223,13 @@ fn decode_loop_max_tokens_ends_with_length_and_the_whole_text() {
         );
         assert!(more.is_empty());
     }
+    // No token asked for: the end at once, nothing chosen.
+    let mut decoding = Decoding::new(tokenizer, DecodeRequest::greedy(tokenizer, 0));
+    let mut events = Vec::new();
+    let next = decoding.advance(&mut one_hot(vocab, script[0]), &mut |e| events.push(e));
+    assert_eq!(next, Next::Done);
+    assert!(decoding.tokens().is_empty());
+    assert_eq!(done_of(&events), (Finish::Length, 0));
 }
 
 #[test]
@@ -347,6 +354,33 @@ fn decode_loop_complete_equals_the_tensor_path() {
         assert_eq!(streamed, host.text, "the streamed pieces are the text");
         assert_eq!(host.text, tokenizer.decode(&host.tokens).unwrap());
     }
+    // With a stop string taken from the middle of the greedy text, the completion's text (and
+    // what was streamed) ends right before it.
+    let full = lm
+        .complete(prompt, &greedy.clone().with_min_len(16), |_| {})
+        .unwrap()
+        .text;
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() >= 8, "{full:?}");
+    let stop: String = chars[4..6].iter().collect();
+    let expected = &full[..full.find(&stop).unwrap()];
+    let request = lm
+        .decode_request(&greedy.clone().with_min_len(16))
+        .unwrap()
+        .expect("greedy runs the loop")
+        .with_stop(vec![stop.clone()]);
+    let mut streamed = String::new();
+    let stopped = lm
+        .complete_request(prompt, request, |t| streamed.push_str(t))
+        .unwrap();
+    assert_eq!(stopped.text, expected, "stop {stop:?}");
+    assert_eq!(streamed, expected);
+    assert!(stopped.stopped_at_eos);
+    // Beam search is not the loop's.
+    let beam = greedy
+        .clone()
+        .with_strategy(Strategy::Beam(Default::default()));
+    assert!(lm.decode_request(&beam).unwrap().is_none());
     // Invalid options are refused as the tensor path refuses them.
     let bad = greedy.with_strategy(Strategy::Sample(SampleOptions {
         temperature: 0.0,

@@ -22,6 +22,9 @@ use super::SampleOptions;
 ///    ([`with_min_len`](Self::with_min_len));
 /// 3. greedy: the first maximum of `z`; sampling: a draw from `softmax(z)` restricted by
 ///    top-k, tempered, restricted by top-p (see [`SampleOptions`]).
+///
+/// NaN logits are never chosen while a number is possible; when no token is possible (every
+/// logit `-inf` or NaN, a bias of `-inf` on all) the first id is returned.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     sample: Option<SampleOptions>,
@@ -113,25 +116,49 @@ impl Sampler {
     }
 }
 
-/// `log softmax(logits)` on the host, in `f64`.
+/// `log softmax(logits)` on the host, in `f64`. A NaN logit counts as `-inf` (impossible);
+/// when some logits are `+inf`, they share the whole probability.
 pub fn log_softmax_host(logits: &[f32]) -> Vec<f64> {
+    let value = |v: f32| {
+        if v.is_nan() {
+            f64::NEG_INFINITY
+        } else {
+            f64::from(v)
+        }
+    };
     let max = logits
         .iter()
-        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-    let total: f64 = logits.iter().map(|&v| (v as f64 - max).exp()).sum();
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(value(v)));
+    if max == f64::INFINITY {
+        let count = logits.iter().filter(|&&v| v == f32::INFINITY).count() as f64;
+        return logits
+            .iter()
+            .map(|&v| {
+                if v == f32::INFINITY {
+                    -count.ln()
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect();
+    }
+    let total: f64 = logits.iter().map(|&v| (value(v) - max).exp()).sum();
     let shift = max + total.ln();
-    logits.iter().map(|&v| v as f64 - shift).collect()
+    logits.iter().map(|&v| value(v) - shift).collect()
 }
 
-/// Index of the largest value, the first on ties (NaN never chosen over a number).
+/// Index of the largest value, the first on ties; NaN is never chosen over a number (and
+/// index 0 is returned when there is none).
 pub(super) fn argmax<T: PartialOrd + Copy>(row: &[T]) -> usize {
-    let mut best = 0;
+    let mut best: Option<usize> = None;
     for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
+        // Only NaN is unordered against itself.
+        let number = v.partial_cmp(&v).is_some();
+        if number && best.is_none_or(|b| v > row[b]) {
+            best = Some(i);
         }
     }
-    best
+    best.unwrap_or(0)
 }
 
 /// The `n` most probable token ids (all of them for `None`), sorted by descending
@@ -155,7 +182,7 @@ pub(super) fn ranked(row: &[f64], n: Option<usize>) -> Vec<usize> {
 fn draw(log_probs: &[f64], options: &SampleOptions, rng: &mut ChaCha8Rng) -> usize {
     let mut ids = ranked(log_probs, options.top_k);
     if ids.is_empty() {
-        // Every token impossible (a bias of -inf on all): the first, as greedy would.
+        // Every token impossible (`-inf` or NaN everywhere): what greedy decoding gives.
         return argmax(log_probs);
     }
     // Tempered, renormalised probabilities of the kept ids.

@@ -132,20 +132,39 @@ fn assert_error(
     body
 }
 
-/// The tiny model's greedy completion of `prompt`, as the library decodes it alone.
+/// The tiny model's greedy completion of `prompt` through the library's tensor search
+/// (`xfmr_models::generate` over `QuantizedLlama`'s `IncrementalDecoder`), decoded alone: a
+/// path apart from the decoding loop that the server and `xfmr generate` share.
 fn library_greedy(prompt: &str, max_tokens: usize) -> String {
-    let lm = tiny_lm();
-    let options = GenerationOptions::greedy(max_tokens, EOS, lm.tokenizer.pad_id());
-    lm.complete(prompt, &options, |_| {}).unwrap().text
+    tensor_search(prompt, &GenerationOptions::greedy(max_tokens, EOS, 0))
 }
 
 /// [`library_greedy`] with the end token banned (as `logit_bias` −100 does: a bias so low it is
 /// never the argmax).
 fn library_greedy_banned(prompt: &str, tokens: usize) -> String {
+    tensor_search(
+        prompt,
+        &GenerationOptions::greedy(tokens, EOS, 0).with_min_len(tokens),
+    )
+}
+
+/// `prompt` continued by `xfmr_models::generate` on the tiny quantised model, as text.
+fn tensor_search(prompt: &str, options: &GenerationOptions) -> String {
     let lm = tiny_lm();
-    let options =
-        GenerationOptions::greedy(tokens, EOS, lm.tokenizer.pad_id()).with_min_len(tokens);
-    lm.complete(prompt, &options, |_| {}).unwrap().text
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let ids = lm.tokenizer.encode(prompt).unwrap();
+    let options = GenerationOptions {
+        pad_id: lm.tokenizer.pad_id(),
+        ..options.clone()
+    };
+    let tokens = model
+        .generate_streaming::<B>(&[ids], &options, &mut |_, _| {})
+        .unwrap()
+        .best_tokens()
+        .remove(0);
+    lm.tokenizer.decode(&tokens).unwrap()
 }
 
 #[test]
@@ -169,8 +188,9 @@ fn serve_health_and_models() {
 }
 
 /// `xfmr serve` and `xfmr generate` (which runs `LanguageModel::complete`) decode through the
-/// one loop (`xfmr_llm::decode`): the server's batched engine gives the library's greedy
-/// text, and with a seed the sampled text of the library's loop given the same request.
+/// one loop (`xfmr_llm::decode`): the server's batched engine gives the greedy text of the
+/// library's tensor search and of `complete`, and with a seed the sampled text of the loop
+/// given the same request.
 #[test]
 fn decode_loop_serve_equals_xfmr_generate() {
     let addr = shared();
@@ -185,6 +205,9 @@ fn decode_loop_serve_equals_xfmr_generate() {
         assert_eq!(body["object"], "text_completion");
         let choice = &body["choices"][0];
         assert_eq!(choice["text"], library_greedy(prompt, 12), "{body}");
+        let lm = tiny_lm();
+        let generate = lm.complete(prompt, &GenerationOptions::greedy(12, EOS, 0), |_| {});
+        assert_eq!(choice["text"], generate.unwrap().text.as_str(), "{body}");
         let completion = body["usage"]["completion_tokens"].as_u64().unwrap();
         assert!(completion <= 12);
         assert_eq!(
