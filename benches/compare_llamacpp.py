@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Text generation with SmolLM2-135M-Instruct: `xfmr generate --backend flex` vs llama.cpp
-(through the `llama-cpp-python` package), in one run on one machine: the same GGUF file (Q4_1),
-the same ~100-token prompt, batch 1, greedy, exactly 128 new tokens (the end token is held off
-on both sides), 2 threads; speed and peak memory.
+(through the `llama-cpp-python` package), in one run on one machine: the same GGUF file (Q4_1
+by default; any `--model`, a Q4_K one made with llama.cpp's quantiser among them), the same
+~100-token prompt (`--long-prompt`: ~512 tokens of the same text further on), batch 1, greedy,
+exactly 128 new tokens (the end token is held off on both sides), 2 threads; speed and peak
+memory. llama.cpp runs with n_batch 512 and n_ctx 512 (1024 for the long prompt).
 
 Timing, the same definition on both sides: prompt tokens/s = prompt length / time to the first
 generated token (the prompt's forward pass in one batch and one greedy step); generation
@@ -19,7 +21,7 @@ loading the model too, shown apart). llama.cpp maps the GGUF file (`use_mmap`, i
 the file's pages it touched count in its RSS as they count in xfmr's, which reads the whole
 file. A child's `ru_maxrss` starts at its parent's at the fork, so this script keeps the parent
 small (it never imports numpy or llama_cpp itself). llama.cpp runs with its own defaults
-otherwise (its quantised matrix kernels, f16 key/value cache, n_ctx 512, n_batch 512).
+otherwise (its quantised matrix kernels, f16 key/value cache).
 
 Rounds alternate, xfmr then llama.cpp, `--rounds` times after one warm-up round of each that is
 not counted; the medians count. The script checks that both sides generated the same text
@@ -31,7 +33,7 @@ every operation, so with 2 threads on 2 cores one other busy process (a build) w
 speed: on the 2-core development machine beside a rustc, 2 threads gave 13 prompt and 1.3 to 9
 generation tokens/s where 1 thread gave 130 and 50. The load average is printed with the figures.
 
-    python3 benches/compare_llamacpp.py [--rounds 5] [--weights quantized|f32]
+    python3 benches/compare_llamacpp.py [--rounds 5] [--weights quantized|f32] [--long-prompt]
         [--model FILE.gguf] [--xfmr-bin target/release/xfmr] [--threads 2]
 
 Without `--xfmr-bin` it builds `cargo build --release -p xfmr-cli` first. Needs the model
@@ -55,14 +57,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The same prompt and length as the transformers comparison (this script's directory is on
 # sys.path when it runs, the child included).
-from compare_generate import NEW_TOKENS, PROMPT  # noqa: E402
+from compare_generate import NEW_TOKENS, PROMPT, long_prompt  # noqa: E402
 
 XFMR_LINE = re.compile(r"prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tokens/s\); "
                        r"generated: (\d+) tokens, ([0-9.]+) tokens/s")
 XFMR_LOAD = re.compile(r"loaded in ([0-9.]+) s")
 
 
-def child_llamacpp(path, threads):
+def child_llamacpp(path, threads, prompt):
     """The llama.cpp side of one round, in its own process: prints one JSON line."""
     import resource
 
@@ -71,10 +73,13 @@ def child_llamacpp(path, threads):
 
     rss_base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_threads=threads,
+    # n_ctx: the prompt (≤ 512 tokens, one batch) and the new tokens (512 as before for the
+    # short prompt).
+    n_ctx = 512 if len(prompt) < 1000 else 1024
+    llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=threads,
                           n_threads_batch=threads, use_mmap=True, verbose=False)
     load = time.perf_counter() - start
-    ids = llm.tokenize(PROMPT.encode(), add_bos=True)  # BOS as the file says
+    ids = llm.tokenize(prompt.encode(), add_bos=True)  # BOS as the file says
     assert len(ids) + NEW_TOKENS <= llm.n_ctx() and len(ids) <= 512, len(ids)
     eos, n_vocab = llm.token_eos(), llm.n_vocab()
 
@@ -146,10 +151,10 @@ def gguf_path(xfmr_bin):
     return out.strip().splitlines()[-1]
 
 
-def xfmr_round(xfmr_bin, path, weights, threads):
+def xfmr_round(xfmr_bin, path, weights, threads, prompt):
     cmd = [xfmr_bin, "generate", "--backend", "flex", "--model", path,
            "--max-tokens", str(NEW_TOKENS), "--min-tokens", str(NEW_TOKENS),
-           "--weights", weights, PROMPT]
+           "--weights", weights, prompt]
     code, out, err, rss = run_measured(cmd, dict(os.environ, RAYON_NUM_THREADS=str(threads)))
     if code != 0:
         if "--weights" in err:
@@ -169,9 +174,9 @@ def xfmr_round(xfmr_bin, path, weights, threads):
             "rss_kib": rss, "text": text}
 
 
-def llamacpp_round(path, threads):
+def llamacpp_round(path, threads, long):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "llamacpp", "--model", path,
-           "--threads", str(threads)]
+           "--threads", str(threads)] + (["--long-prompt"] if long else [])
     code, out, err, rss = run_measured(cmd)
     if code != 0:
         if "No module named 'llama_cpp'" in err:
@@ -240,12 +245,14 @@ def main():
     parser.add_argument("--xfmr-bin", help="an xfmr binary (default: build the release one)")
     parser.add_argument("--weights", default="quantized", choices=["quantized", "f32"],
                         help="passed to `xfmr generate --weights`")
+    parser.add_argument("--long-prompt", action="store_true",
+                        help="the ~512-token prompt (Genesis 1 further) instead of ~100 tokens")
     parser.add_argument("--child", choices=["llamacpp"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "llamacpp":
         if not args.model:
             sys.exit("--child llamacpp needs --model")
-        child_llamacpp(args.model, args.threads)
+        child_llamacpp(args.model, args.threads, long_prompt() if args.long_prompt else PROMPT)
         return
 
     xfmr_bin = args.xfmr_bin or build_xfmr()
@@ -255,8 +262,9 @@ def main():
     xs, ls = [], []
     for i in range(args.rounds + 1):
         label = "warm-up" if i == 0 else f"round {i}/{args.rounds}"
-        x = xfmr_round(xfmr_bin, path, args.weights, args.threads)
-        l = llamacpp_round(path, args.threads)
+        x = xfmr_round(xfmr_bin, path, args.weights, args.threads,
+                       long_prompt() if args.long_prompt else PROMPT)
+        l = llamacpp_round(path, args.threads, args.long_prompt)
         print(f"{label}: xfmr {x['prompt_tps']:.1f} / {x['gen_tps']:.1f} tokens/s, "
               f"{x['rss_kib'] / 1024:.1f} MiB; llama.cpp {l['prompt_tps']:.1f} / "
               f"{l['gen_tps']:.1f} tokens/s, {l['rss_kib'] / 1024:.1f} MiB",
@@ -284,7 +292,7 @@ def main():
     print(f"llama.cpp system info: {peer['system_info']}")
     print(f"Model: {path}")
     print()
-    print(f"SmolLM2-135M-Instruct Q4_1, prompt {xs[0]['prompt_tokens']} tokens (xfmr) / "
+    print(f"SmolLM2-135M-Instruct {os.path.basename(path)}, prompt {xs[0]['prompt_tokens']} tokens (xfmr) / "
           f"{peer['prompt_tokens']} (llama.cpp), batch 1, greedy, {NEW_TOKENS} new tokens, "
           f"median of {args.rounds} alternating rounds after one warm-up each")
     print()

@@ -40,7 +40,10 @@
 //! Without the allocator installed ([`installed`] is false), [`run_with_budget`] runs the
 //! closure on the calling thread without any memory bound; callers keep their other limits.
 //!
-//! Invariants: the allocator's bookkeeping is four `const`-initialised thread-locals of `Cell`s
+//! The same allocator counts the allocations of the threads that ask for it
+//! ([`count_allocations`], [`allocations`]).
+//!
+//! Invariants: the allocator's bookkeeping is five `const`-initialised thread-locals of `Cell`s
 //! without destructors (on targets with native thread-local storage, Linux, macOS and Windows
 //! among them, reading them allocates nothing) and a static flag; it never allocates, panics or
 //! unwinds.
@@ -81,6 +84,33 @@ thread_local! {
     /// The flag to raise when the budget is exceeded (an `AtomicBool` kept alive by the
     /// thread's own closure, see [`run_with_budget`]); null when none.
     static FLAG: Cell<*const AtomicBool> = const { Cell::new(std::ptr::null()) };
+    /// Whether this thread's allocations count in [`allocations`].
+    static COUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Allocations (and reallocations) of the threads that called [`count_allocations`].
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts the calling thread's allocations and reallocations from now on in [`allocations`]
+/// (with a [`BudgetAllocator`] installed; without one nothing is counted): how a test or a
+/// benchmark checks that a loop allocates nothing, on the threads that run it only (a thread
+/// pool's workers call it from their start handler).
+pub fn count_allocations() {
+    let _ = COUNTED.try_with(|c| c.set(true));
+}
+
+/// Allocations and reallocations counted so far, by every thread that called
+/// [`count_allocations`].
+pub fn allocations() -> usize {
+    ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Notes one allocation of the current thread, if it counts them.
+#[inline]
+fn note() {
+    if COUNTED.try_with(Cell::get).unwrap_or(false) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Whether a [`BudgetAllocator`] is the program's global allocator (it has allocated once).
@@ -95,7 +125,7 @@ pub fn blocked_threads() -> usize {
 
 /// A global allocator that forwards to `A` and counts, per thread, the net bytes allocated
 /// while [`run_with_budget`] has given the thread a budget (see the module docs). Outside a
-/// budget it adds two thread-local reads per call.
+/// budget it adds three thread-local reads per call.
 pub struct BudgetAllocator<A> {
     inner: A,
 }
@@ -172,6 +202,7 @@ fn raise(flag: *const AtomicBool) {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for BudgetAllocator<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         INSTALLED.store(true, Ordering::Relaxed);
+        note();
         charge(layout.size());
         // SAFETY: as the trait's caller promised for `layout`.
         let p = unsafe { self.inner.alloc(layout) };
@@ -183,6 +214,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for BudgetAllocator<A> {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         INSTALLED.store(true, Ordering::Relaxed);
+        note();
         charge(layout.size());
         // SAFETY: as the trait's caller promised for `layout`.
         let p = unsafe { self.inner.alloc_zeroed(layout) };
@@ -200,6 +232,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for BudgetAllocator<A> {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let old = layout.size();
+        note();
         if new_size > old {
             charge(new_size - old);
         }

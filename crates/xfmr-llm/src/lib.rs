@@ -61,7 +61,7 @@ use xfmr_models::{DecoderOnly, GenerationOptions, ModelError};
 pub use decode::{DecodeRequest, Decoding, Event, Finish};
 pub use gguf::{Gguf, GgufError};
 pub use llama::LlamaConfig;
-pub use quantized::{QuantizedLinear, QuantizedLlama};
+pub use quantized::{QuantizedLinear, QuantizedLlama, QuantizedSteps};
 pub use tokenizer::{GgufTokenizer, Message, TemplateLimit, TemplateLimits, TextStream};
 
 /// What can go wrong loading or running a language model.
@@ -292,9 +292,7 @@ impl<B: Backend> LanguageModel<B> {
     ) -> Result<xfmr_models::Generation, ModelError> {
         match &self.model {
             LmWeights::F32(model) => model.generate_streaming(prompts, options, on_token),
-            LmWeights::Quantized(model) => {
-                model.generate_streaming::<B>(prompts, options, on_token)
-            }
+            LmWeights::Quantized(model) => model.generate_streaming(prompts, options, on_token),
         }
     }
 

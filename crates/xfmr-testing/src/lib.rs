@@ -282,6 +282,12 @@ pub fn to_vec<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Vec<f64> {
         .expect("float tensor data")
 }
 
+/// `f32` host values (a model's logits lent by `HostSteps::step`) as the `f64` the
+/// comparisons take.
+pub fn widen(values: &[f32]) -> Vec<f64> {
+    values.iter().map(|&v| f64::from(v)).collect()
+}
+
 /// Host copies of a linear layer's weight (row-major) and bias (empty without one): what the
 /// initialisation tests read.
 pub fn linear_values<B: Backend>(linear: &burn::nn::Linear<B>) -> (Vec<f64>, Vec<f64>) {

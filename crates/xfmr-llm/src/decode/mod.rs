@@ -19,7 +19,9 @@ use crate::{GgufTokenizer, LlmError, TextStream};
 
 mod run;
 
-pub use run::{decode, decode_tensor, run, store, Decoded, HostSteps, QuantizedSteps, TensorSteps};
+pub use crate::quantized::QuantizedSteps;
+pub use run::{decode, decode_tensor, run, store, Decoded};
+pub use xfmr_models::generate::{HostSteps, TensorSteps};
 
 /// Why a generation ended (OpenAI's `finish_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

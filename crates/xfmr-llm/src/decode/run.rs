@@ -1,15 +1,14 @@
-//! Driving a [`Decoding`] over a model's steps: [`run`], and the two ways models give host
-//! logits ([`QuantizedSteps`], [`TensorSteps`]).
+//! Driving a [`Decoding`] over a model's steps ([`HostSteps`] of one row): [`run`], over the
+//! two ways models give host logits ([`QuantizedSteps`], [`TensorSteps`]).
 
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
-use xfmr_models::generate::{Cancel, IncrementalDecoder};
+use xfmr_models::generate::{Cancel, HostSteps, IncrementalDecoder, TensorSteps};
 use xfmr_models::ModelError;
 
 use super::{DecodeRequest, Decoding, Event, Finish, Next};
-use crate::quantized::{PrefixCache, Scratch, SequenceCache};
+use crate::quantized::{PrefixCache, QuantizedSteps, SequenceCache};
 use crate::{GgufTokenizer, LlmError, QuantizedLlama};
 
 /// A finished [`decode`] or [`decode_tensor`].
@@ -27,92 +26,8 @@ pub struct Decoded {
     pub generation_time: Duration,
 }
 
-/// One sequence's decoding steps with logits on the host: what [`run`] drives.
-pub trait HostSteps {
-    /// Feeds `tokens` (≥ 1) after everything fed so far and returns the logits that follow
-    /// the last of them, `[vocab]`.
-    ///
-    /// # Errors
-    /// The model's: ids outside the vocabulary, a context too long.
-    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError>;
-}
-
-/// [`QuantizedLlama`] over one sequence's key/value cache: its logits are host memory
-/// already, lent from one buffer reused every step.
-pub struct QuantizedSteps<'m> {
-    model: &'m QuantizedLlama,
-    /// The sequence's keys and values.
-    pub cache: SequenceCache,
-    scratch: Scratch,
-}
-
-impl<'m> QuantizedSteps<'m> {
-    /// Steps of `model` from `cache` (empty, or restored from a [`PrefixCache`]).
-    pub fn new(model: &'m QuantizedLlama, cache: SequenceCache) -> Self {
-        Self {
-            model,
-            cache,
-            scratch: Scratch::new(),
-        }
-    }
-}
-
-impl HostSteps for QuantizedSteps<'_> {
-    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError> {
-        self.model
-            .forward_batch_in(&mut [(&mut self.cache, tokens)], &mut self.scratch)
-    }
-}
-
-/// Any [`IncrementalDecoder`] (xfmr's `f32` models, on any backend) over one sequence, each
-/// step's logits copied to the host: the one adapter through which tensor models reach the
-/// loop.
-pub struct TensorSteps<'m, B: Backend, M: IncrementalDecoder<B>> {
-    model: &'m M,
-    state: M::State,
-    logits: Vec<f32>,
-    device: B::Device,
-}
-
-impl<'m, B: Backend, M: IncrementalDecoder<B>> TensorSteps<'m, B, M> {
-    /// Steps of `model` from `state` (one row, nothing fed yet).
-    pub fn new(model: &'m M, state: M::State) -> Self {
-        Self {
-            device: model.device(),
-            model,
-            state,
-            logits: Vec::new(),
-        }
-    }
-}
-
-impl<B: Backend, M: IncrementalDecoder<B>> HostSteps for TensorSteps<'_, B, M> {
-    fn step(&mut self, tokens: &[u32]) -> Result<&mut [f32], ModelError> {
-        if tokens.is_empty() {
-            return Err(ModelError::InvalidInput("a step of no tokens".into()));
-        }
-        let vocab = self.model.vocab_size();
-        if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ModelError::InvalidInput(format!(
-                "token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
-        let ids = tokens.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
-        let ids =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
-        let step = self.model.step(&mut self.state, ids, false)?;
-        self.logits = step
-            .logits
-            .into_data()
-            .convert::<f32>()
-            .into_vec::<f32>()
-            .map_err(|e| ModelError::InvalidInput(format!("logits: {e:?}")))?;
-        Ok(&mut self.logits)
-    }
-}
-
-/// Runs `decoding` to its end: feeds `prompt` (≥ 1 token: what the steps have not been fed
-/// of it), then each chosen token; checks the request's cancel token before each step.
+/// Runs `decoding` to its end over `steps` of one row: feeds `prompt` (≥ 1 token: what the
+/// steps have not been fed of it), then each chosen token; checks the request's cancel token before each step.
 /// Returns the time to the first chosen token and from it to the last (end tokens not
 /// counted; with no token, the whole time and zero).
 ///
@@ -138,7 +53,7 @@ pub fn run(
         let logits = match cancel
             .as_ref()
             .map_or(Ok(()), Cancel::check)
-            .and_then(|()| steps.step(&feed))
+            .and_then(|()| steps.step(&feed, feed.len(), false))
         {
             Ok(logits) => logits,
             Err(e) => {
@@ -204,7 +119,7 @@ pub fn decode(
     let mut steps = QuantizedSteps::new(model, cache);
     let timing = run(&mut steps, &mut decoding, &prompt[cached..], emit);
     if let Some(prefixes) = prefixes {
-        store(prefixes, prompt, decoding.tokens(), &steps.cache);
+        store(prefixes, prompt, decoding.tokens(), &steps.caches()[0]);
     }
     let (prompt_time, generation_time) = timing?;
     Ok(Decoded {

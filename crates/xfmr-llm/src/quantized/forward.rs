@@ -5,7 +5,7 @@
 use xfmr_kernels::silu_mul;
 use xfmr_models::ModelError;
 
-use super::ops::{attention, attention_weights, rms_norm, rope, rope_angles, Cached};
+use super::ops::{attention, attention_weights, rms_norm, rope, rope_angles};
 use super::{QuantizedLinear, QuantizedLlama, Scratch, SequenceCache};
 
 impl QuantizedLlama {
@@ -52,14 +52,13 @@ impl QuantizedLlama {
             }
         }
         // Where each sequence's tokens start among all of them.
-        let starts: Vec<usize> = rows
-            .iter()
-            .scan(0, |at, (_, t)| {
-                let start = *at;
-                *at += t.len();
-                Some(start)
-            })
-            .collect();
+        s.starts.clear();
+        s.starts.extend(rows.iter().scan(0, |at, (_, t)| {
+            let start = *at;
+            *at += t.len();
+            Some(start)
+        }));
+        let starts = std::mem::take(&mut s.starts);
         let n: usize = rows.iter().map(|(_, t)| t.len()).sum();
         let eps = c.rms_norm_eps as f32;
         s.x.resize(n * d, 0.0);
@@ -106,18 +105,7 @@ impl QuantizedLlama {
             }
             // Every query of every sequence in one parallel pass over (query, key/value head)
             // pairs: one fork-join per layer.
-            let caches: Vec<Cached<'_>> = rows
-                .iter()
-                .zip(&starts)
-                .map(|((row, tokens), &start)| Cached {
-                    keys: &row.keys[l],
-                    values: &row.values[l],
-                    past: row.len,
-                    start,
-                    n: tokens.len(),
-                })
-                .collect();
-            attention(c, &s.qkv, width, &caches, &mut s.attn);
+            attention(c, &s.qkv, width, rows, &starts, l, &mut s.attn);
             if let Some(weights) = record.as_deref_mut() {
                 for ((row, tokens), &start) in rows.iter().zip(&starts) {
                     let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
@@ -172,6 +160,7 @@ impl QuantizedLlama {
             let last = start + tokens.len() - 1;
             s.last.extend_from_slice(&s.x[last * d..(last + 1) * d]);
         }
+        s.starts = starts;
         rms_norm(&s.last, &self.norm, eps, &mut s.h);
         let output = self.output.as_ref().unwrap_or(&self.embedding);
         s.logits.resize(rows.len() * c.vocab_size, 0.0);

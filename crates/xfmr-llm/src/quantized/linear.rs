@@ -202,20 +202,19 @@ impl QuantizedLinear {
         if n == 0 {
             return;
         }
-        let blocks: Option<Vec<&QuantizedMatrix>> = parts
-            .iter()
-            .map(|p| match &p.weight {
-                Weight::Blocks(m) => Some(m),
-                Weight::Dense { .. } => None,
-            })
-            .collect();
-        if let (Some(blocks), Activations::Int8) = (&blocks, activations) {
+        if let (Some(blocks), Activations::Int8) = (matrices(parts), activations) {
             scratch.acts.quantize(x, n, cols);
-            QuantizedMatrix::matmul_fused(Path::detect(), blocks, &scratch.acts, y);
+            QuantizedMatrix::matmul_fused(Path::detect(), &blocks[..parts.len()], &scratch.acts, y);
             return;
         }
-        // A dense part, or f32 products: each part on its own, scattered into its columns.
+        // A dense part, or f32 products: each part on its own, scattered into its columns
+        // (the activations quantised once for the block parts).
         let total: usize = parts.iter().map(|p| p.rows()).sum();
+        let blocks_i8 = activations == Activations::Int8
+            && parts.iter().any(|p| matches!(p.weight, Weight::Blocks(_)));
+        if blocks_i8 {
+            scratch.acts.quantize(x, n, cols);
+        }
         let mut start = 0;
         for part in parts {
             let rows = part.rows();
@@ -225,14 +224,14 @@ impl QuantizedLinear {
                 Weight::Blocks(m) if activations == Activations::F32 => {
                     dense_product(&m.dequantize(), cols, x, n, &mut scratch.part)
                 }
-                Weight::Blocks(_) => Self::forward_fused(
-                    &[part],
-                    x,
-                    n,
-                    &mut scratch.part,
-                    &mut ProductScratch::default(),
-                    activations,
-                ),
+                Weight::Blocks(m) => {
+                    QuantizedMatrix::matmul_fused(
+                        Path::detect(),
+                        &[m],
+                        &scratch.acts,
+                        &mut scratch.part,
+                    );
+                }
                 Weight::Dense { values, cols, .. } => {
                     dense_product(values, *cols, x, n, &mut scratch.part)
                 }
@@ -246,9 +245,37 @@ impl QuantizedLinear {
     }
 }
 
+/// The most parts of one [`QuantizedLinear::forward_fused`] read as blocks (query, key and
+/// value are three).
+const MAX_PARTS: usize = 4;
+
+/// The block matrices of `parts` (at most [`MAX_PARTS`], all of them blocks) in the first
+/// `parts.len()` places of an array: no list allocated for every product of every token.
+fn matrices<'a>(parts: &[&'a QuantizedLinear]) -> Option<[&'a QuantizedMatrix; MAX_PARTS]> {
+    let matrix = |p: &'a QuantizedLinear| match &p.weight {
+        Weight::Blocks(m) => Some(m),
+        Weight::Dense { .. } => None,
+    };
+    if parts.len() > MAX_PARTS {
+        return None;
+    }
+    let mut out = [matrix(parts.first()?)?; MAX_PARTS];
+    for (o, p) in out.iter_mut().zip(parts) {
+        *o = matrix(p)?;
+    }
+    Some(out)
+}
+
 /// `y[i][r] = Σ_k w[r][k]·x[i][k]` in `f32`, in parallel over `w`'s rows.
 fn dense_product(w: &[f32], cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let rows = w.len() / cols;
+    if n == 1 {
+        // One row (a decoding step): `y` is the only output, no buffer to allocate.
+        y.par_iter_mut()
+            .zip(w.par_chunks(cols))
+            .for_each(|(o, row)| *o = row.iter().zip(x).map(|(a, b)| a * b).sum());
+        return;
+    }
     let mut transposed = vec![0f32; rows * n];
     transposed
         .par_chunks_mut(n)

@@ -16,25 +16,26 @@
 //! - sequences that begin the same way share their prefix's keys and values through a
 //!   [`PrefixCache`] (copied into each sequence's cache, not fed again).
 //!
-//! It decodes through [`xfmr_models::generate`] like the `f32` [`DecoderOnly`] (greedy, sampled
-//! or beam search). The `f32` model stays the reference checked against transformers; this
+//! It decodes through [`QuantizedSteps`], logits on the host and no backend tensor: the
+//! library's searches ([`xfmr_models::generate::search`]: greedy, sampled or beam search, the
+//! beams rows of one step) and the decoding loop of [`crate::decode`] drive it. The `f32` model stays the reference checked against transformers; this
 //! one is checked against it (logits within a tolerance, greedy tokens where the margin
 //! allows).
 //!
 //! [`DecoderOnly`]: xfmr_models::DecoderOnly
 
-mod decoder;
 mod forward;
 mod linear;
 mod ops;
 mod prefix;
+mod steps;
 
-use burn::tensor::backend::Backend;
 use xfmr_models::generate::{self, Generation, GenerationOptions};
 use xfmr_models::{pad_rows, ModelError, PadSide};
 
 pub use linear::{Activations, ProductScratch, QuantizedLinear};
 pub use prefix::PrefixCache;
+pub use steps::QuantizedSteps;
 
 use crate::gguf::{Gguf, GgufError};
 use crate::llama::LlamaConfig;
@@ -65,13 +66,6 @@ pub struct QuantizedLlama {
     output: Option<QuantizedLinear>,
     pad_id: u32,
     activations: Activations,
-}
-
-/// The decoding state of a [`QuantizedLlama`]: per row, its key/value cache.
-#[derive(Debug, Clone)]
-pub struct QuantizedState {
-    rows: Vec<SequenceCache>,
-    scratch: Scratch,
 }
 
 /// One sequence's key/value cache: what [`QuantizedLlama::forward_batch`] extends. Sequences
@@ -115,6 +109,8 @@ pub struct Scratch {
     logits: Vec<f32>,
     /// The rotation of each new row of a step (`ops::rope_angles`, `d_k / 2` each).
     angles: Vec<(f32, f32)>,
+    /// Where each sequence's rows start among the step's.
+    starts: Vec<usize>,
     product: ProductScratch,
 }
 
@@ -253,13 +249,10 @@ impl QuantizedLlama {
         norms + linears
     }
 
-    /// An empty state for `batch` rows, each cache reserved for `capacity` positions (at most
-    /// the model's context).
-    pub fn start(&self, batch: usize, capacity: usize) -> QuantizedState {
-        QuantizedState {
-            rows: (0..batch).map(|_| self.sequence(capacity)).collect(),
-            scratch: Scratch::default(),
-        }
+    /// Decoding steps of `batch` empty sequences, each cache reserved for `capacity`
+    /// positions (at most the model's context).
+    pub fn steps(&self, batch: usize, capacity: usize) -> QuantizedSteps<'_> {
+        QuantizedSteps::from_caches(self, (0..batch).map(|_| self.sequence(capacity)).collect())
     }
 
     /// An empty cache for one sequence, reserved for `capacity` positions (at most the
@@ -355,14 +348,15 @@ impl QuantizedLlama {
 
     /// Continues prompts, as [`DecoderOnly::generate_streaming`] does (left-padded batch,
     /// each row decoding as it would alone), calling `on_token(prompt, token)` as each token
-    /// is chosen. The logits of each step are a `B` tensor on `B`'s default device.
+    /// is chosen: [`xfmr_models::generate::search`] over [`QuantizedSteps`], on the host
+    /// (a beam search's beams are rows of one step).
     ///
     /// # Errors
     /// An empty prompt, an id outside the vocabulary, invalid options, a context longer than
     /// the model's.
     ///
     /// [`DecoderOnly::generate_streaming`]: xfmr_models::DecoderOnly::generate_streaming
-    pub fn generate_streaming<B: Backend>(
+    pub fn generate_streaming(
         &self,
         prompts: &[Vec<u32>],
         options: &GenerationOptions,
@@ -385,11 +379,10 @@ impl QuantizedLlama {
                 options.max_len
             )));
         }
-        let mut state = self.start(prompts.len(), len + options.max_len);
-        for (p, row) in prompts.iter().zip(&mut state.rows) {
-            row.skip = len - p.len();
-        }
+        let mut steps = self.steps(prompts.len(), len + options.max_len);
+        let skip: Vec<usize> = prompts.iter().map(|p| len - p.len()).collect();
+        steps.skip_first(&skip);
         let first = pad_rows(prompts, self.pad_id, PadSide::Left);
-        generate::generate_streaming::<B, _>(self, state, first, options, on_token)
+        generate::search(&mut steps, first, options, on_token)
     }
 }

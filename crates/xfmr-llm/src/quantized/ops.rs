@@ -2,9 +2,12 @@
 //! the products: RMSNorm, RoPE on interleaved pairs, causal attention over the cache
 //! (xfmr-kernels' [`attend_cached`]).
 
+use std::cell::RefCell;
+
 use rayon::prelude::*;
 use xfmr_kernels::{attend_cached, cached_probabilities, CachedHead};
 
+use super::SequenceCache;
 use crate::llama::LlamaConfig;
 
 /// `out = x / √(mean(x²) + ε) · γ`, row by row (rows of `γ.len()`).
@@ -43,54 +46,59 @@ pub(super) fn rope(x: &mut [f32], d_k: usize, angles: &[(f32, f32)]) {
     }
 }
 
-/// One sequence of a step, for [`attention`]: a layer's cached keys and values (rows of
-/// `n_kv_heads · d_k`, the step's new positions included), how many positions came before the
-/// step, and where its `n` new rows start among the step's.
-pub(super) struct Cached<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
-    pub past: usize,
-    pub start: usize,
-    pub n: usize,
-}
-
 /// Causal attention of every new query of a step (rows of `qkv`, `width` each, queries first;
-/// sequence after sequence as `seqs` says) over its own sequence's cache, written to `out`
-/// (`[rows, d]`), in parallel over (query, key/value head) pairs of all sequences at once. The
-/// query heads that share a key/value head are taken together ([`attend_cached`]: each cached
-/// key and value row is read once for all of them, three heads per row for SmolLM2); each
-/// head's arithmetic is the same as alone, and no sequence's result depends on the others.
+/// sequence after sequence, sequence `j`'s rows from `starts[j]`) over its own sequence's cache
+/// of layer `layer` (the step's new positions already appended), written to `out` (`[rows, d]`),
+/// in parallel over (query, key/value head) pairs of all sequences at once. The query heads
+/// that share a key/value head are taken together ([`attend_cached`]: each cached key and
+/// value row is read once for all of them, three heads per row for SmolLM2); each head's
+/// arithmetic is the same as alone, and no sequence's result depends on the others.
+///
+/// Allocates nothing once each thread's score buffer holds the positions the caches were
+/// reserved for (the first step of a sequence longer than any before).
 pub(super) fn attention(
     c: &LlamaConfig,
     qkv: &[f32],
     width: usize,
-    seqs: &[Cached<'_>],
+    rows: &[(&mut SequenceCache, &[u32])],
+    starts: &[usize],
+    layer: usize,
     out: &mut [f32],
 ) {
     let d_k = c.d_k();
     let group = c.n_heads / c.n_kv_heads;
     debug_assert!(
-        seqs.iter()
-            .scan(0, |at, seq| {
-                let ok = seq.start == *at;
-                *at += seq.n;
-                Some(ok)
-            })
-            .all(|ok| ok),
+        starts.windows(2).all(|w| w[0] < w[1]) && starts.len() == rows.len(),
         "attention: sequences' rows out of order"
     );
-    out.par_chunks_mut(group * d_k).enumerate().for_each_init(
-        Vec::new,
-        |scores: &mut Vec<f32>, (chunk, o)| {
+    out.par_chunks_mut(group * d_k)
+        .enumerate()
+        .for_each(|(chunk, o)| {
             let (r, g) = (chunk / c.n_kv_heads, chunk % c.n_kv_heads);
             // The sequence whose rows hold row `r` (starts ascend, as asserted above).
-            let seq = &seqs[seqs.partition_point(|seq| seq.start <= r) - 1];
-            let seen = seq.past + (r - seq.start) + 1;
+            let j = starts.partition_point(|&start| start <= r) - 1;
+            let row = &rows[j].0;
+            // `len` counts the positions fed before this step (it grows after the last
+            // layer); the keys and values already hold the step's rows.
+            let past = row.len;
+            let seen = past + (r - starts[j]) + 1;
             let q = &qkv[r * width + g * group * d_k..r * width + (g + 1) * group * d_k];
-            let head = cached(c, seq.keys, seq.values, g, seen);
-            attend_cached(q, head, scale(c), scores, o);
-        },
-    );
+            let head = cached(c, &row.keys[layer], &row.values[layer], g, seen);
+            SCORES.with_borrow_mut(|scores| {
+                // Room for every position the cache was reserved for, so that the buffer
+                // does not grow again as the sequence does.
+                let reserved = group * row.keys[layer].capacity() / (c.n_kv_heads * d_k);
+                if scores.capacity() < reserved {
+                    scores.reserve_exact(reserved - scores.len());
+                }
+                attend_cached(q, head, scale(c), scores, o)
+            });
+        });
+}
+
+thread_local! {
+    /// Each thread's attention probabilities (`[group, seen]`), kept between steps.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Key/value head `g` of a layer's cache over its first `len` positions.

@@ -3,16 +3,17 @@
 //!
 //! [`Decoding`] is driven here with scripted logits (one token made the argmax per step), so
 //! that every split of a stop string over tokens can be chosen; [`decode`] and `complete` run
-//! the tiny quantised model, checked against the library's tensor path
-//! (`xfmr_models::generate` through `QuantizedLlama`'s `IncrementalDecoder`).
+//! the tiny quantised model, checked against the library's search (`xfmr_models::generate::search`
+//! over `QuantizedSteps`), whose beam search is checked against one forward pass per beam.
 
 use burn::backend::NdArray;
+use xfmr_llm::budget;
 use xfmr_llm::decode::{self, DecodeRequest, Decoding, Event, Finish, Next};
 use xfmr_llm::gguf::Gguf;
-use xfmr_llm::quantized::PrefixCache;
-use xfmr_llm::{GgufTokenizer, LanguageModel, LmWeights, WeightFormat};
-use xfmr_models::generate::{SampleOptions, Sampler, Strategy};
-use xfmr_models::GenerationOptions;
+use xfmr_llm::quantized::{PrefixCache, Scratch, SequenceCache};
+use xfmr_llm::{GgufTokenizer, LanguageModel, LmWeights, QuantizedLlama, WeightFormat};
+use xfmr_models::generate::{search, HostSteps, SampleOptions, Sampler, Strategy};
+use xfmr_models::{BeamOptions, GenerationOptions, ModelError};
 
 use crate::tiny::tiny_gguf;
 
@@ -309,7 +310,7 @@ fn decode_loop_prefix_cache_restore_gives_the_tokens_of_an_uncached_run() {
 }
 
 #[test]
-fn decode_loop_complete_equals_the_tensor_path() {
+fn decode_loop_complete_equals_the_library_search() {
     let lm = tiny_lm();
     let LmWeights::Quantized(model) = &lm.model else {
         panic!("quantised weights asked for")
@@ -341,10 +342,10 @@ fn decode_loop_complete_equals_the_tensor_path() {
         let host = lm
             .complete(prompt, &options, |t| streamed.push_str(t))
             .unwrap();
-        let mut tensor = model
-            .generate_streaming::<NdArray>(std::slice::from_ref(&ids), &options, &mut |_, _| {})
+        let mut library = model
+            .generate_streaming(std::slice::from_ref(&ids), &options, &mut |_, _| {})
             .unwrap();
-        let expected = tensor.hypotheses.remove(0).remove(0);
+        let expected = library.hypotheses.remove(0).remove(0);
         assert_eq!(host.tokens, expected.tokens, "{:?}", options.strategy);
         assert_eq!(
             host.stopped_at_eos, expected.finished,
@@ -381,11 +382,179 @@ fn decode_loop_complete_equals_the_tensor_path() {
         .clone()
         .with_strategy(Strategy::Beam(Default::default()));
     assert!(lm.decode_request(&beam).unwrap().is_none());
-    // Invalid options are refused as the tensor path refuses them.
+    // Invalid options are refused as the library's search refuses them.
     let bad = greedy.with_strategy(Strategy::Sample(SampleOptions {
         temperature: 0.0,
         ..Default::default()
     }));
     let err = lm.complete(prompt, &bad, |_| {}).unwrap_err();
     assert!(err.to_string().contains("temperature"), "{err}");
+}
+
+/// The quantised model one row at a time: each row its own forward pass (the weights read once
+/// per beam), rows reordered by cloning; the reference of the batched rows.
+struct PerRow<'m> {
+    model: &'m QuantizedLlama,
+    rows: Vec<SequenceCache>,
+    logits: Vec<f32>,
+}
+
+impl HostSteps for PerRow<'_> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    fn step(&mut self, tokens: &[u32], width: usize, _: bool) -> Result<&mut [f32], ModelError> {
+        self.logits.clear();
+        for (row, ids) in self.rows.iter_mut().zip(tokens.chunks_exact(width)) {
+            let logits = self
+                .model
+                .forward_batch(&mut [(row, ids)], &mut Scratch::new())?;
+            self.logits.extend_from_slice(&logits);
+        }
+        Ok(&mut self.logits)
+    }
+
+    fn reorder(&mut self, indices: &[usize]) {
+        self.rows = indices.iter().map(|&i| self.rows[i].clone()).collect();
+    }
+}
+
+/// Counts the rows of each step of the batched steps it wraps.
+struct Counted<S> {
+    inner: S,
+    rows: Vec<usize>,
+}
+
+impl<S: HostSteps> HostSteps for Counted<S> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn step(&mut self, tokens: &[u32], width: usize, a: bool) -> Result<&mut [f32], ModelError> {
+        self.rows.push(tokens.len() / width);
+        self.inner.step(tokens, width, a)
+    }
+
+    fn reorder(&mut self, indices: &[usize]) {
+        self.inner.reorder(indices)
+    }
+}
+
+#[test]
+fn decode_loop_beam_search_over_batched_rows_equals_per_beam() {
+    let lm = tiny_lm();
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let tokenizer = &lm.tokenizer;
+    // Two prompts of one length (the per-row reference feeds no padding).
+    let first = tokenizer.encode("the hello there").unwrap();
+    let prompts = vec![first.clone(), first.iter().rev().copied().collect()];
+    let len = prompts[0].len();
+    let max_len = 10;
+    for (beam_size, min_len) in [(4, 0), (3, 6), (1, 0)] {
+        let beam = BeamOptions {
+            beam_size,
+            n_best: beam_size,
+            ..Default::default()
+        };
+        let options = GenerationOptions::greedy(max_len, tokenizer.eos_id(), tokenizer.pad_id())
+            .with_min_len(min_len)
+            .with_strategy(Strategy::Beam(beam));
+        let mut batched = Counted {
+            inner: model.steps(prompts.len(), len + max_len),
+            rows: Vec::new(),
+        };
+        let got = search(&mut batched, prompts.clone(), &options, &mut |_, _| {}).unwrap();
+        let mut per_row = PerRow {
+            model,
+            rows: (0..prompts.len())
+                .map(|_| model.sequence(len + max_len))
+                .collect(),
+            logits: Vec::new(),
+        };
+        let want = search(&mut per_row, prompts.clone(), &options, &mut |_, _| {}).unwrap();
+        let case = format!("beam {beam_size}, min_len {min_len}");
+        // Every step fed all beams of both prompts as rows of one pass.
+        assert!(!batched.rows.is_empty(), "{case}");
+        assert!(
+            batched.rows.iter().all(|&r| r == prompts.len() * beam_size),
+            "{case}: rows per step {:?}",
+            batched.rows
+        );
+        for (b, (got, want)) in got.hypotheses.iter().zip(&want.hypotheses).enumerate() {
+            assert_eq!(got.len(), want.len(), "{case}, prompt {b}");
+            assert!(!got.is_empty(), "{case}, prompt {b}");
+            for (g, w) in got.iter().zip(want) {
+                assert_eq!(g.tokens, w.tokens, "{case}, prompt {b}");
+                assert_eq!(g.finished, w.finished, "{case}, prompt {b}");
+                // No product mixes rows, but one row and several take different kernels
+                // (four weight rows at a time against activation panels), whose f32 sums
+                // round differently by a few ulps: 1e-5 relative is ~80 ulps of f32.
+                assert!(
+                    (g.score - w.score).abs() <= 1e-5 * w.score.abs().max(1.0),
+                    "{case}, prompt {b}: score {} vs {}",
+                    g.score,
+                    w.score
+                );
+            }
+        }
+        if beam_size == 1 {
+            // Beam 1 is greedy decoding.
+            let greedy = GenerationOptions::greedy(max_len, tokenizer.eos_id(), tokenizer.pad_id())
+                .with_min_len(min_len);
+            let alone = model
+                .generate_streaming(&prompts, &greedy, &mut |_, _| {})
+                .unwrap();
+            assert_eq!(got.best_tokens(), alone.best_tokens(), "{case}");
+        }
+    }
+}
+
+/// The quantised model's decoding steps allocate nothing per token: after the prompt and a few
+/// tokens (buffers grown to their size), 32 more steps of greedy decoding on a pool of two
+/// threads make no allocation per step on any of its threads (counted by the test binary's global
+/// allocator, `xfmr_llm::budget`'s, as the `xfmr` binary installs it; other tests' threads do
+/// not count).
+#[test]
+fn decode_loop_steps_allocate_nothing_per_token() {
+    let lm = tiny_lm();
+    let LmWeights::Quantized(model) = &lm.model else {
+        panic!("quantised weights asked for")
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .start_handler(|_| budget::count_allocations())
+        .build()
+        .unwrap();
+    let prompt = lm.tokenizer.encode("the hello there").unwrap();
+    let (warm, counted) = (4, 32);
+    let capacity = prompt.len() + warm + counted;
+    let allocations = pool.install(|| {
+        budget::count_allocations();
+        let mut steps = xfmr_llm::QuantizedSteps::new(model, model.sequence(capacity));
+        let mut sampler = Sampler::greedy();
+        let mut next = |steps: &mut xfmr_llm::QuantizedSteps<'_>, feed: &[u32], n: usize| {
+            let logits = steps.step(feed, feed.len(), false).unwrap();
+            sampler.choose(logits, n)
+        };
+        let mut token = next(&mut steps, &prompt, 0);
+        for n in 1..=warm {
+            token = next(&mut steps, &[token], n);
+        }
+        let before = budget::allocations();
+        for n in warm + 1..=warm + counted {
+            token = next(&mut steps, &[token], n);
+        }
+        assert_eq!(steps.caches()[0].len(), capacity);
+        budget::allocations() - before
+    });
+    // An allocation per token would count at least 32. What may come is one per thread at
+    // most: a thread's attention scores (a per-thread buffer) reserved the first time the
+    // scheduler hands it an attention chunk, which under load can fall after the warm-up.
+    assert!(
+        allocations <= pool.current_num_threads(),
+        "{allocations} allocations in {counted} decoding steps"
+    );
 }

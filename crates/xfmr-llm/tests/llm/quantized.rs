@@ -20,7 +20,8 @@ use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix, Su
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter};
 use xfmr_llm::quantized::{Activations, PrefixCache, Scratch};
 use xfmr_llm::{LanguageModel, QuantizedLinear, QuantizedLlama};
-use xfmr_models::{BeamOptions, GenerationOptions, IncrementalDecoder, Strategy};
+use xfmr_models::generate::HostSteps;
+use xfmr_models::{BeamOptions, GenerationOptions, Strategy};
 use xfmr_testing::{assert_close_slices, to_vec, Fixture, TestRng};
 
 use crate::row;
@@ -427,15 +428,13 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
             .unwrap(),
     );
     let shape = [want.len()];
-    let mut state = q.start(1, prompt.len());
-    let step = IncrementalDecoder::<NdArray>::step(&q, &mut state, row(&prompt, &device), false);
-    let at_once = to_vec(&step.unwrap().logits);
+    let mut steps = q.steps(1, prompt.len());
+    let at_once = xfmr_testing::widen(steps.step(&prompt, prompt.len(), false).unwrap());
     assert_close_slices(&at_once, &shape, &want, &shape, 1e-4, 0.0, "prompt at once");
-    let mut state = q.start(1, prompt.len());
+    let mut steps = q.steps(1, prompt.len());
     let mut last = Vec::new();
     for &t in &prompt {
-        let step = IncrementalDecoder::<NdArray>::step(&q, &mut state, row(&[t], &device), false);
-        last = to_vec(&step.unwrap().logits);
+        last = xfmr_testing::widen(steps.step(&[t], 1, false).unwrap());
     }
     assert_close_slices(
         &last,
@@ -451,12 +450,12 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
         GenerationOptions::greedy(6, lm.tokenizer.eos_id(), lm.tokenizer.pad_id()).with_min_len(6);
     let short = prompt[..4].to_vec();
     let batch = q
-        .generate_streaming::<NdArray>(&[prompt.clone(), short.clone()], &options, &mut |_, _| {})
+        .generate_streaming(&[prompt.clone(), short.clone()], &options, &mut |_, _| {})
         .unwrap()
         .best_tokens();
     for (i, p) in [prompt.clone(), short].iter().enumerate() {
         let alone = q
-            .generate_streaming::<NdArray>(std::slice::from_ref(p), &options, &mut |_, _| {})
+            .generate_streaming(std::slice::from_ref(p), &options, &mut |_, _| {})
             .unwrap()
             .best_tokens();
         assert_eq!(batch[i], alone[0], "prompt {i} in a left-padded batch");
@@ -473,17 +472,14 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
         ..Default::default()
     }));
     let out = q
-        .generate_streaming::<NdArray>(&[prompt], &beam, &mut |_, _| {})
+        .generate_streaming(&[prompt], &beam, &mut |_, _| {})
         .unwrap();
     assert_eq!(out.hypotheses[0].len(), 2, "beam search's n-best");
 
-    let err = IncrementalDecoder::<NdArray>::step(
-        &q,
-        &mut q.start(1, 4),
-        row(&[vocab as u32], &device),
-        false,
-    );
+    let err = q.steps(1, 4).step(&[vocab as u32], 1, false).map(|_| ());
     assert!(err.is_err(), "a token outside the vocabulary was fed");
+    let err = q.steps(2, 4).step(&[1, 2, 3], 1, false).map(|_| ());
+    assert!(err.is_err(), "three tokens for two rows of one");
 }
 
 /// The logits after `prompt` fed to a fresh cache of `q` in one step, starting from what

@@ -24,7 +24,7 @@
 use burn::backend::Flex;
 use xfmr_llm::quantized::Activations;
 use xfmr_llm::{LanguageModel, LmWeights, WeightFormat};
-use xfmr_models::IncrementalDecoder;
+use xfmr_models::generate::HostSteps;
 use xfmr_testing::to_vec;
 
 use crate::row;
@@ -63,11 +63,7 @@ fn quantized_path_follows_transformers_within_the_stated_tolerance() {
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         let ids = quantized.tokenizer.encode(prompt).unwrap();
         assert_eq!(ids, fixture.ids(&format!("ids.{k}")), "prompt {k} ids");
-        let mut state = q.start(1, ids.len());
-        let step =
-            IncrementalDecoder::<Flex>::step(q, &mut state, row::<Flex>(&ids, &device), false)
-                .unwrap();
-        let got = to_vec(&step.logits);
+        let got = xfmr_testing::widen(q.steps(1, ids.len()).step(&ids, ids.len(), false).unwrap());
         let want = &fixture.host(&format!("logits_last.{k}")).values;
         let worst = got
             .iter()
@@ -142,11 +138,7 @@ fn quantized_model_with_f32_products_matches_transformers() {
     let fixture = fixture();
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
         let ids = lm.tokenizer.encode(prompt).unwrap();
-        let mut state = q.start(1, ids.len());
-        let step =
-            IncrementalDecoder::<Flex>::step(q, &mut state, row::<Flex>(&ids, &device), false)
-                .unwrap();
-        let got = to_vec(&step.logits);
+        let got = xfmr_testing::widen(q.steps(1, ids.len()).step(&ids, ids.len(), false).unwrap());
         let expected = fixture.host(&format!("logits_last.{k}"));
         xfmr_testing::assert_close_slices(
             &got,
@@ -184,10 +176,7 @@ fn quantized_path_takes_long_prompts() {
         .expect("quantised weights for WeightFormat::Quantized");
     let text = crate::smollm2::long_text(|t| quantized.tokenizer.encode(t).unwrap().len(), 800);
     let ids = quantized.tokenizer.encode(&text).unwrap();
-    let mut state = q.start(1, ids.len());
-    let step =
-        IncrementalDecoder::<Flex>::step(q, &mut state, row::<Flex>(&ids, &device), false).unwrap();
-    let got = to_vec(&step.logits);
+    let got = xfmr_testing::widen(q.steps(1, ids.len()).step(&ids, ids.len(), false).unwrap());
     let reference =
         LanguageModel::<burn::backend::NdArray>::from_gguf(&g, &Default::default()).unwrap();
     let want = to_vec(

@@ -1,10 +1,8 @@
 //! Beam search with the GNMT length penalty and fairseq's early stop.
 
-use burn::tensor::backend::Backend;
-
 use super::{
-    first_tensor, host_step, length_penalty, ranked, token_tensor, BeamOptions, Generation,
-    GenerationOptions, Hypothesis, IncrementalDecoder,
+    host_step, length_penalty, ranked, BeamOptions, Generation, GenerationOptions, HostSteps,
+    Hypothesis,
 };
 use crate::ModelError;
 
@@ -15,16 +13,16 @@ struct Beam {
     attention: Vec<Vec<f32>>,
 }
 
-pub(super) fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
-    model: &M,
-    mut state: M::State,
+/// Beam search of every input of `first` at once: its `k` beams are rows `b·k .. (b+1)·k` of
+/// each step of `steps`.
+pub(super) fn beam_search(
+    steps: &mut dyn HostSteps,
     first: Vec<Vec<u32>>,
     options: &GenerationOptions,
     beam: &BeamOptions,
 ) -> Result<Generation, ModelError> {
     let batch = first.len();
     let k = beam.beam_size;
-    let device = model.device();
     let alpha = beam.length_penalty;
     let finish = |b: &Beam, len: usize, finished: bool| Hypothesis {
         tokens: b.tokens.clone(),
@@ -36,7 +34,7 @@ pub(super) fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
     // Row b·k + j is beam j of input b. At the start all k rows are copies: only beam 0 is
     // alive (the others at -inf), so the first expansion does not pick k copies of one token.
     let expand: Vec<usize> = (0..batch * k).map(|r| r / k).collect();
-    model.reorder(&mut state, &expand);
+    steps.reorder(&expand);
     let mut beams: Vec<Vec<Beam>> = (0..batch)
         .map(|_| {
             (0..k)
@@ -50,12 +48,14 @@ pub(super) fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
         .collect();
     let mut finished: Vec<Vec<Hypothesis>> = vec![Vec::new(); batch];
     let mut done = vec![false; batch];
-    let rows: Vec<Vec<u32>> = expand.iter().map(|&b| first[b].clone()).collect();
-    let mut input = first_tensor::<B>(&rows, &device);
+    let mut width = first[0].len();
+    let mut input: Vec<u32> = expand
+        .iter()
+        .flat_map(|&b| first[b].iter().copied())
+        .collect();
     for t in 0..options.max_len {
         options.check_cancelled()?;
-        let step = model.step(&mut state, input, options.return_attention)?;
-        let (log_probs, attention) = host_step(step, t, options);
+        let (log_probs, attention) = host_step(steps, &input, width, t, options)?;
         let mut reorder: Vec<usize> = (0..batch * k).collect();
         let mut next = vec![options.pad_id; batch * k];
         for b in 0..batch {
@@ -122,8 +122,9 @@ pub(super) fn beam_search<B: Backend, M: IncrementalDecoder<B>>(
         if done.iter().all(|&d| d) {
             break;
         }
-        model.reorder(&mut state, &reorder);
-        input = token_tensor::<B>(&next, &device);
+        steps.reorder(&reorder);
+        input = next;
+        width = 1;
     }
     let hypotheses = (0..batch)
         .map(|b| {

@@ -2,7 +2,9 @@
 //!
 //! Any model that can take one decoding step from a state implements [`IncrementalDecoder`]
 //! ([`Transformer`](crate::Transformer) and [`DecoderOnly`](crate::DecoderOnly) do); the search
-//! itself runs on the host over the step's logits, `[batch, vocab]` per step. Tokens are
+//! itself runs on the host ([`search`]) over [`HostSteps`], the step's logits `[batch, vocab]`
+//! in host memory: tensor models reach it through the one adapter [`TensorSteps`], models that
+//! compute on the host (`xfmr-llm`'s quantised Llama) implement it directly. Tokens are
 //! chosen by [`Sampler`], the one sampler on host logits that `xfmr-llm`'s decoding loop and
 //! the server share.
 //!
@@ -17,16 +19,18 @@
 //! - Every search checks [`GenerationOptions::cancel`] ([`Cancel`]) before each decoding step
 //!   and returns [`ModelError::Cancelled`] once it is cancelled or past its deadline.
 
-use burn::tensor::{activation::log_softmax, backend::Backend, Int, Tensor};
+use burn::tensor::{backend::Backend, Int, Tensor};
 
-use crate::{int_tensor, ModelError};
+use crate::ModelError;
 
 mod beam;
 mod cancel;
+mod host;
 mod options;
 mod sampler;
 
 pub use cancel::{Cancel, CancelOnDrop};
+pub use host::{HostSteps, TensorSteps};
 pub use options::{BeamOptions, GenerationOptions, SampleOptions, Strategy};
 use sampler::ranked;
 pub use sampler::{log_softmax_host, Sampler};
@@ -130,6 +134,8 @@ pub fn generate<B: Backend, M: IncrementalDecoder<B>>(
 /// decoding and sampling call it once per step and row; beam search, whose tokens are only
 /// final when the search ends, calls it for the best hypothesis of each row at the end.
 ///
+/// The search runs on the host ([`search`]) over the model's steps through [`TensorSteps`].
+///
 /// # Errors
 /// As [`generate`].
 pub fn generate_streaming<B: Backend, M: IncrementalDecoder<B>>(
@@ -139,7 +145,28 @@ pub fn generate_streaming<B: Backend, M: IncrementalDecoder<B>>(
     options: &GenerationOptions,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<Generation, ModelError> {
-    let vocab = model.vocab_size();
+    search(
+        &mut TensorSteps::new(model, state),
+        first,
+        options,
+        on_token,
+    )
+}
+
+/// The strategy of `options` over any [`HostSteps`] (rows as `first` has them), calling
+/// `on_token` as [`generate_streaming`] does: greedy decoding, sampling, or beam search, whose
+/// `k` beams of every input are rows of one step (the model's weights are read once per step
+/// for all of them, not once per beam).
+///
+/// # Errors
+/// As [`generate`].
+pub fn search(
+    steps: &mut dyn HostSteps,
+    first: Vec<Vec<u32>>,
+    options: &GenerationOptions,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Result<Generation, ModelError> {
+    let vocab = steps.vocab_size();
     options.validate(vocab)?;
     options.check_cancelled()?;
     crate::check_ids("first tokens", &first, vocab)?;
@@ -151,89 +178,58 @@ pub fn generate_streaming<B: Backend, M: IncrementalDecoder<B>>(
     }
     match &options.strategy {
         Strategy::Beam(beam) => {
-            let generation = beam::beam_search(model, state, first, options, beam)?;
+            let generation = beam::beam_search(steps, first, options, beam)?;
             for (row, best) in generation.best_tokens().iter().enumerate() {
                 best.iter().for_each(|&t| on_token(row, t));
             }
             Ok(generation)
         }
-        Strategy::Greedy => sample_or_greedy(model, state, first, options, None, on_token),
-        Strategy::Sample(sample) => {
-            sample_or_greedy(model, state, first, options, Some(sample), on_token)
-        }
+        Strategy::Greedy => sample_or_greedy(steps, first, options, None, on_token),
+        Strategy::Sample(sample) => sample_or_greedy(steps, first, options, Some(sample), on_token),
     }
 }
 
-/// Host copy of a step: log-probabilities `[batch][vocab]` (with the end token forbidden before
-/// `min_len`) and the attention rows.
-fn host_step<B: Backend>(
-    step: Step<B>,
+/// One step on the host: feeds `tokens` (`[rows, width]`) and returns the log-probabilities
+/// `[rows][vocab]` (`f64`, with the end token forbidden before `min_len`) and the attention
+/// rows.
+#[allow(clippy::type_complexity)]
+fn host_step(
+    steps: &mut dyn HostSteps,
+    tokens: &[u32],
+    width: usize,
     generated: usize,
     options: &GenerationOptions,
-) -> (Vec<Vec<f64>>, Option<Vec<Vec<f32>>>) {
-    let [batch, vocab] = step.logits.dims();
-    let mut logits = step.logits;
-    if generated < options.min_len {
-        // -inf on the end token before the softmax, so the others renormalise.
-        let device = logits.device();
-        let mut bias = vec![0f32; vocab];
-        bias[options.eos_id as usize] = f32::NEG_INFINITY;
-        let bias = Tensor::<B, 1>::from_data(
-            burn::tensor::TensorData::new(bias, [vocab]).convert_dtype(logits.dtype()),
-            (&device, logits.dtype()),
-        );
-        logits = logits + bias.unsqueeze::<2>();
+) -> Result<(Vec<Vec<f64>>, Option<Vec<Vec<f32>>>), ModelError> {
+    let vocab = steps.vocab_size();
+    let rows = tokens.len() / width;
+    let logits = steps.step(tokens, width, options.return_attention)?;
+    if logits.len() != rows * vocab {
+        return Err(ModelError::InvalidInput(format!(
+            "a step of {rows} rows gave {} logits, not {rows} × {vocab}",
+            logits.len()
+        )));
     }
-    let values = log_softmax(logits, 1)
-        .into_data()
-        .convert::<f64>()
-        .to_vec::<f64>()
-        .expect("float logits");
-    let rows = values
-        .chunks(vocab)
-        .map(<[f64]>::to_vec)
-        .collect::<Vec<_>>();
-    debug_assert_eq!(rows.len(), batch);
-    let attention = step.attention.map(|a| {
-        let [_, src] = a.dims();
-        a.into_data()
-            .convert::<f32>()
-            .to_vec::<f32>()
-            .expect("float weights")
-            .chunks(src)
-            .map(<[f32]>::to_vec)
-            .collect()
-    });
-    (rows, attention)
+    let log_probs = logits
+        .chunks_exact_mut(vocab)
+        .map(|row| {
+            if generated < options.min_len {
+                // -inf on the end token before the softmax, so the others renormalise.
+                row[options.eos_id as usize] = f32::NEG_INFINITY;
+            }
+            log_softmax_host(row)
+        })
+        .collect();
+    Ok((log_probs, steps.take_attention()))
 }
 
-fn token_tensor<B: Backend>(rows: &[u32], device: &B::Device) -> Tensor<B, 2, Int> {
-    int_tensor::<B, 2>(
-        rows.iter().map(|&t| t as i64).collect(),
-        [rows.len(), 1],
-        device,
-    )
-}
-
-fn first_tensor<B: Backend>(first: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
-    let width = first[0].len();
-    int_tensor::<B, 2>(
-        first.iter().flatten().map(|&t| t as i64).collect(),
-        [first.len(), width],
-        device,
-    )
-}
-
-fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
-    model: &M,
-    mut state: M::State,
+fn sample_or_greedy(
+    steps: &mut dyn HostSteps,
     first: Vec<Vec<u32>>,
     options: &GenerationOptions,
     sample: Option<&SampleOptions>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<Generation, ModelError> {
     let batch = first.len();
-    let device = model.device();
     // One generator for the batch, drawn from in row order.
     let mut sampler = Sampler::new(sample.cloned());
     let mut out: Vec<Hypothesis> = (0..batch)
@@ -245,11 +241,12 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
             attention: options.return_attention.then(Vec::new),
         })
         .collect();
-    let mut input = first_tensor::<B>(&first, &device);
+    let width = first[0].len();
+    let mut input: Vec<u32> = first.into_iter().flatten().collect();
+    let mut input_width = width;
     for t in 0..options.max_len {
         options.check_cancelled()?;
-        let step = model.step(&mut state, input, options.return_attention)?;
-        let (log_probs, attention) = host_step(step, t, options);
+        let (log_probs, attention) = host_step(steps, &input, input_width, t, options)?;
         let mut next = vec![options.pad_id; batch];
         for b in 0..batch {
             let hyp = &mut out[b];
@@ -272,7 +269,8 @@ fn sample_or_greedy<B: Backend, M: IncrementalDecoder<B>>(
         if out.iter().all(|h| h.finished) {
             break;
         }
-        input = token_tensor::<B>(&next, &device);
+        input = next;
+        input_width = 1;
     }
     for hyp in &mut out {
         hyp.score = hyp.log_prob;

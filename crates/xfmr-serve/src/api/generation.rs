@@ -30,6 +30,8 @@ pub(crate) struct GenerationRequest {
     pub stop: Option<Value>,
     /// Token id (as a string) to a bias in [-100, 100] added to its logit.
     pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// No end token before this many tokens (vLLM's extension; stop strings still stop).
+    pub min_tokens: Option<u64>,
     /// Choices per prompt: only 1.
     pub n: Option<u64>,
     /// Server-sent events, a chunk per piece of text.

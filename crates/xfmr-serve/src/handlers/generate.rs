@@ -21,6 +21,8 @@ use crate::AppState;
 /// A request's generation settings, checked.
 pub(super) struct Settings {
     max_tokens: Option<usize>,
+    /// End tokens held off before this many tokens.
+    min_tokens: usize,
     sample: Option<SampleOptions>,
     stop: Vec<String>,
     bias: Vec<(u32, f32)>,
@@ -58,6 +60,14 @@ pub(super) fn settings(
                 format!("{field} = {m}: must be in 1..={limit} on this server"),
             ));
         }
+    }
+    let min_tokens = req.min_tokens.unwrap_or(0);
+    let most = max_tokens.unwrap_or(limit as u64);
+    if min_tokens > most {
+        return Err(ApiError::invalid(
+            Some("min_tokens"),
+            format!("min_tokens = {min_tokens}: must be at most {field} ({most})"),
+        ));
     }
     let temperature = req.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -128,6 +138,7 @@ pub(super) fn settings(
         .collect::<Result<_, _>>()?;
     Ok(Settings {
         max_tokens: max_tokens.map(|m| m as usize),
+        min_tokens: min_tokens as usize,
         sample,
         stop,
         bias,
@@ -219,12 +230,14 @@ pub(super) fn submit<B: Backend>(
         .with_code("context_length_exceeded"));
     }
     let (events, rx) = unbounded_channel();
+    let request = DecodeRequest::greedy(&llm.tokenizer, max_tokens);
+    let sampler = Sampler::new(settings.sample.clone())
+        .with_logit_bias(settings.bias.clone())
+        .with_min_len(settings.min_tokens, request.end_ids.clone());
     llm.engine.submit(Job {
         prompt: ids.clone(),
-        request: DecodeRequest::greedy(&llm.tokenizer, max_tokens)
-            .with_sampler(
-                Sampler::new(settings.sample.clone()).with_logit_bias(settings.bias.clone()),
-            )
+        request: request
+            .with_sampler(sampler)
             .with_stop(settings.stop.clone()),
         events,
     })?;

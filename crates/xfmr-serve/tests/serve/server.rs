@@ -132,24 +132,24 @@ fn assert_error(
     body
 }
 
-/// The tiny model's greedy completion of `prompt` through the library's tensor search
-/// (`xfmr_models::generate` over `QuantizedLlama`'s `IncrementalDecoder`), decoded alone: a
-/// path apart from the decoding loop that the server and `xfmr generate` share.
+/// The tiny model's greedy completion of `prompt` through the library's search
+/// (`xfmr_models::generate::search` over `QuantizedSteps`), decoded alone: a path apart from
+/// the decoding loop that the server and `xfmr generate` share.
 fn library_greedy(prompt: &str, max_tokens: usize) -> String {
-    tensor_search(prompt, &GenerationOptions::greedy(max_tokens, EOS, 0))
+    library_search(prompt, &GenerationOptions::greedy(max_tokens, EOS, 0))
 }
 
 /// [`library_greedy`] with the end token banned (as `logit_bias` −100 does: a bias so low it is
 /// never the argmax).
 fn library_greedy_banned(prompt: &str, tokens: usize) -> String {
-    tensor_search(
+    library_search(
         prompt,
         &GenerationOptions::greedy(tokens, EOS, 0).with_min_len(tokens),
     )
 }
 
 /// `prompt` continued by `xfmr_models::generate` on the tiny quantised model, as text.
-fn tensor_search(prompt: &str, options: &GenerationOptions) -> String {
+fn library_search(prompt: &str, options: &GenerationOptions) -> String {
     let lm = tiny_lm();
     let LmWeights::Quantized(model) = &lm.model else {
         panic!("quantised weights asked for")
@@ -160,7 +160,7 @@ fn tensor_search(prompt: &str, options: &GenerationOptions) -> String {
         ..options.clone()
     };
     let tokens = model
-        .generate_streaming::<B>(&[ids], &options, &mut |_, _| {})
+        .generate_streaming(&[ids], &options, &mut |_, _| {})
         .unwrap()
         .best_tokens()
         .remove(0);
@@ -218,6 +218,26 @@ fn decode_loop_serve_equals_xfmr_generate() {
         assert_eq!(body["usage"]["prompt_tokens"], prompt_tokens);
         assert_eq!(body["usage"]["total_tokens"], prompt_tokens + completion);
     }
+    // `min_tokens` holds the end tokens off as the library's `min_len` does.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hello there", "max_tokens": 12, "min_tokens": 12, "temperature": 0}),
+    )
+    .json();
+    assert_eq!(
+        r["choices"][0]["text"],
+        library_greedy_banned("hello there", 12),
+        "{r}"
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 12, "{r}");
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 4, "min_tokens": 5}),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["param"], "min_tokens");
     // Several prompts in one request: one choice each, in order, as alone.
     let r = post(
         addr,
