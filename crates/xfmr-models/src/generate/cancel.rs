@@ -10,7 +10,7 @@ use std::time::Instant;
 /// decoding steps (generation, translation, sentence encoding).
 ///
 /// Work is cancelled when [`cancel`](Self::cancel) was called on any clone, or when the
-/// token's deadline passed. The loop that notices returns [`ModelError::Cancelled`]
+/// token's deadline passed. The loop that notices returns [`ModelError::Cancelled`](crate::ModelError::Cancelled)
 /// (`crate::ModelError::Cancelled`) and frees what it holds; nothing is half-done in a way that
 /// matters, since the caller discards the result.
 ///
