@@ -27,8 +27,8 @@ pub struct Decoded {
 }
 
 /// Runs `decoding` to its end over `steps` of one row: feeds `prompt` (≥ 1 token: what the
-/// steps have not been fed of it), then each chosen token; checks the request's cancel token before each step.
-/// Returns the time to the first chosen token and from it to the last (end tokens not
+/// steps have not been fed of it), then each chosen token; checks the request's cancel token
+/// before each step. Returns the time to the first chosen token and from it to the last (end tokens not
 /// counted; with no token, the whole time and zero).
 ///
 /// # Errors

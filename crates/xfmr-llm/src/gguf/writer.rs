@@ -23,7 +23,8 @@ impl GgufWriter {
         self
     }
 
-    /// Adds an `F32` tensor of `shape` (outermost first, as [`TensorInfo::shape`](crate::gguf::TensorInfo::shape)).
+    /// Adds an `F32` tensor of `shape` (outermost first, as
+    /// [`TensorInfo::shape`](crate::gguf::TensorInfo::shape)).
     pub fn tensor_f32(self, name: &str, shape: &[usize], values: &[f32]) -> Self {
         let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensor_raw(name, shape, GgmlType::F32, bytes)

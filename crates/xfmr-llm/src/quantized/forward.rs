@@ -58,7 +58,6 @@ impl QuantizedLlama {
             *at += t.len();
             Some(start)
         }));
-        let starts = std::mem::take(&mut s.starts);
         let n: usize = rows.iter().map(|(_, t)| t.len()).sum();
         let eps = c.rms_norm_eps as f32;
         s.x.resize(n * d, 0.0);
@@ -91,7 +90,7 @@ impl QuantizedLlama {
                 self.activations,
             );
             s.attn.resize(n * d, 0.0);
-            for ((row, tokens), &start) in rows.iter_mut().zip(&starts) {
+            for ((row, tokens), &start) in rows.iter_mut().zip(&s.starts) {
                 let m = tokens.len();
                 let qkv = &mut s.qkv[start * width..(start + m) * width];
                 let angles = s.angles[start * half..(start + m) * half].chunks_exact(half);
@@ -105,9 +104,9 @@ impl QuantizedLlama {
             }
             // Every query of every sequence in one parallel pass over (query, key/value head)
             // pairs: one fork-join per layer.
-            attention(c, &s.qkv, width, rows, &starts, l, &mut s.attn);
+            attention(c, &s.qkv, width, rows, &s.starts, l, &mut s.attn);
             if let Some(weights) = record.as_deref_mut() {
-                for ((row, tokens), &start) in rows.iter().zip(&starts) {
+                for ((row, tokens), &start) in rows.iter().zip(&s.starts) {
                     let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
                     weights.push(attention_weights(c, qkv, width, &row.keys[l], row.len));
                 }
@@ -155,12 +154,11 @@ impl QuantizedLlama {
         }
         // The last position of each sequence only: final norm and logits.
         s.last.clear();
-        for ((row, tokens), &start) in rows.iter_mut().zip(&starts) {
+        for ((row, tokens), &start) in rows.iter_mut().zip(&s.starts) {
             row.len += tokens.len();
             let last = start + tokens.len() - 1;
             s.last.extend_from_slice(&s.x[last * d..(last + 1) * d]);
         }
-        s.starts = starts;
         rms_norm(&s.last, &self.norm, eps, &mut s.h);
         let output = self.output.as_ref().unwrap_or(&self.embedding);
         s.logits.resize(rows.len() * c.vocab_size, 0.0);

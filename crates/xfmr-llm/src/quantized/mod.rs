@@ -18,8 +18,8 @@
 //!
 //! It decodes through [`QuantizedSteps`], logits on the host and no backend tensor: the
 //! library's searches ([`xfmr_models::generate::search`]: greedy, sampled or beam search, the
-//! beams rows of one step) and the decoding loop of [`crate::decode`] drive it. The `f32` model stays the reference checked against transformers; this
-//! one is checked against it (logits within a tolerance, greedy tokens where the margin
+//! beams rows of one step) and the decoding loop of [`crate::decode`] drive it. The `f32`
+//! model stays the reference checked against transformers; this one is checked against it (logits within a tolerance, greedy tokens where the margin
 //! allows).
 //!
 //! [`DecoderOnly`]: xfmr_models::DecoderOnly
