@@ -5,9 +5,15 @@
 //! - `gate_up_q4_1`: `[3072, 576]` `Q4_1` (a layer's fused gate and up projections);
 //! - `down_q4_1`: `[576, 1536]` `Q4_1`;
 //! - `output_q8_0`: `[49152, 576]` `Q8_0` (the tied output projection);
+//! - each of the three again with `/interleaved` after its name: the blocks in the layout the
+//!   model loads them in on AVX-512 VNNI (`xfmr_kernels::quant::interleave`, sixteen rows side
+//!   by side), on CPUs with that kernel;
 //! - `attend_cached`: one query position's attention over a cache of 256 positions for the
 //!   three query heads of one key/value head (SmolLM2-135M: `d_k` 64, three key/value heads a
-//!   row), one thread: the inner loop of decoding's attention.
+//!   row), one thread: the inner loop of decoding's attention; `streamed_*`: the same over
+//!   every head of 30 layers in turn, so that each cache comes from L3 or memory as in a
+//!   decoding step, with the heads' rows interleaved in one cache per layer or one cache per
+//!   head (xfmr-llm's layout).
 //!
 //! ```text
 //! RAYON_NUM_THREADS=2 cargo bench -p xfmr-kernels --bench quant
@@ -17,7 +23,7 @@
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
-use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix};
+use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix};
 use xfmr_kernels::{attend_cached, CachedHead};
 
 /// xorshift64: reproducible bytes and values without a dependency.
@@ -38,7 +44,13 @@ impl Rng {
 }
 
 /// `rows × cols` random blocks of `format` (`Q4_0`, `Q4_1` or `Q8_0`) with small finite scales.
-fn random_matrix(format: BlockFormat, rows: usize, cols: usize, rng: &mut Rng) -> QuantizedMatrix {
+fn random_matrix(
+    format: BlockFormat,
+    rows: usize,
+    cols: usize,
+    layout: Layout,
+    rng: &mut Rng,
+) -> QuantizedMatrix {
     let blocks = rows * cols / format.block_len();
     let mut bytes: Vec<u8> = (0..blocks * format.block_bytes())
         .map(|_| rng.next() as u8)
@@ -50,7 +62,7 @@ fn random_matrix(format: BlockFormat, rows: usize, cols: usize, rng: &mut Rng) -
             block[2 * s..2 * s + 2].copy_from_slice(&v);
         }
     }
-    QuantizedMatrix::new(format, bytes, rows, cols).expect("whole blocks")
+    QuantizedMatrix::with_layout(format, bytes, rows, cols, layout).expect("whole blocks")
 }
 
 fn products(c: &mut Criterion) {
@@ -62,15 +74,23 @@ fn products(c: &mut Criterion) {
         ("output_q8_0", BlockFormat::Q8_0, 49152, 576),
     ];
     let mut group = c.benchmark_group(format!("quant products ({path:?})"));
-    for (name, format, rows, cols) in shapes {
-        let matrix = random_matrix(format, rows, cols, &mut rng);
+    let layouts = [(Layout::Rows, ""), (Layout::Interleaved, "/interleaved")];
+    for ((name, format, rows, cols), (layout, suffix)) in shapes
+        .into_iter()
+        .flat_map(|s| layouts.map(|l| (s, l)))
+        .filter(|&((_, format, _, _), (layout, _))| {
+            layout == Layout::Rows || Layout::fastest(path, format) == layout
+        })
+    {
+        let name = format!("{name}{suffix}");
+        let matrix = random_matrix(format, rows, cols, layout, &mut rng);
         for n in [1, 8, 40] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.uniform()).collect();
             let mut acts = ActivationRows::new();
             acts.quantize(&x, n, cols);
             let mut y = vec![0f32; n * rows];
             group.throughput(Throughput::Elements((n * rows * cols) as u64));
-            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+            group.bench_with_input(BenchmarkId::new(&name, n), &n, |b, _| {
                 b.iter(|| QuantizedMatrix::matmul_fused(path, &[&matrix], &acts, &mut y));
             });
         }
@@ -80,26 +100,48 @@ fn products(c: &mut Criterion) {
 
 fn cached_attention(c: &mut Criterion) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
-    let (group_heads, d_k, kv_heads, len) = (3, 64, 3, 256);
-    let stride = kv_heads * d_k;
-    let keys: Vec<f32> = (0..len * stride).map(|_| rng.uniform()).collect();
-    let values: Vec<f32> = (0..len * stride).map(|_| rng.uniform()).collect();
+    let (group_heads, d_k, kv_heads, len, layers) = (3, 64, 3, 256, 30);
     let q: Vec<f32> = (0..group_heads * d_k).map(|_| rng.uniform()).collect();
-    let head = CachedHead {
-        keys: &keys,
-        values: &values,
-        stride,
-        offset: d_k,
-        d_k,
-        len,
+    let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform()).collect() };
+    // The layouts: a layer's cache as `[positions, heads · d_k]` (the heads' rows
+    // interleaved) and as `[positions, d_k]` per head (xfmr-llm's since 2026-12-02).
+    let interleaved: Vec<(Vec<f32>, Vec<f32>)> = (0..layers)
+        .map(|_| (random(len * kv_heads * d_k), random(len * kv_heads * d_k)))
+        .collect();
+    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..layers * kv_heads)
+        .map(|_| (random(len * d_k), random(len * d_k)))
+        .collect();
+    let head = |layer: usize, h: usize, contiguous: bool| match contiguous {
+        true => {
+            let (k, v) = &per_head[layer * kv_heads + h];
+            CachedHead { keys: k, values: v, stride: d_k, offset: 0, d_k, len }
+        }
+        false => {
+            let (k, v) = &interleaved[layer];
+            CachedHead { keys: k, values: v, stride: kv_heads * d_k, offset: h * d_k, d_k, len }
+        }
     };
     let (mut scores, mut out) = (Vec::new(), vec![0f32; group_heads * d_k]);
     let mut group = c.benchmark_group("cached attention");
     // Multiply-adds: scores and weighted values.
     group.throughput(Throughput::Elements((2 * group_heads * d_k * len) as u64));
+    // One head over and over: its cache stays in L1/L2.
     group.bench_function("attend_cached", |b| {
-        b.iter(|| attend_cached(&q, head, 0.125, &mut scores, &mut out));
+        let one = head(0, 1, false);
+        b.iter(|| attend_cached(&q, one, 0.125, &mut scores, &mut out));
     });
+    // Every head of 30 layers in turn (11.8 MB of keys and values, as a decoding step reads
+    // them): each call's cache comes from L3 or memory.
+    for (name, contiguous) in [("streamed_interleaved_heads", false), ("streamed_per_head", true)] {
+        let mut at = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let (layer, h) = (at / kv_heads % layers, at % kv_heads);
+                at += 1;
+                attend_cached(&q, head(layer, h, contiguous), 0.125, &mut scores, &mut out)
+            });
+        });
+    }
     group.finish();
 }
 

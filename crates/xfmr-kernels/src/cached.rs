@@ -11,9 +11,11 @@
 //! ```
 //!
 //! Tiled for up to four heads at a time: a key row is read once for the heads of the tile
-//! (each head's dot product in eight lanes), and the weighted sum of values runs sixteen
-//! columns at a time with the tile's sums kept in registers across all positions (instead of
-//! adding into the output in memory once per position). The arithmetic is the plain loops' in
+//! (each head's dot product in eight lanes), and the weighted sum of values runs 64 columns
+//! at a time (then 16) with the tile's sums kept in registers across all positions (instead
+//! of adding into the output in memory once per position), so that each position's values
+//! are read in one pass: a cache streamed from memory (decoding, where the weights evict it
+//! from the caches between layers) costs one pass over its rows, not one per 16 columns. The arithmetic is the plain loops' in
 //! the same order: each dot product sums eight lane-wise partial sums (lane `l` takes columns
 //! `l, l + 8, …`), then the lanes left to right, then the products of the columns past the last
 //! whole eight (`d_k` not a multiple of 8); each output column sums `p_t · v_t` over
@@ -246,26 +248,18 @@ fn tile<const G: usize>(
         row.iter_mut().for_each(|v| *v /= total);
     }
     let Some(out) = out else { return };
-    // Values: WIDE columns at a time, the G heads' sums in registers over all positions.
-    const WIDE: usize = 2 * LANES;
-    let wide = d_k / WIDE;
-    for b in 0..wide {
-        let mut acc = [[0f32; WIDE]; G];
-        for t in 0..len {
-            let at = t * stride + offset + b * WIDE;
-            let v: &[f32; WIDE] = values[at..at + WIDE].try_into().unwrap();
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let w = p[j * len + t];
-                for l in 0..WIDE {
-                    acc[l] += w * v[l];
-                }
-            }
-        }
-        for (j, acc) in acc.iter().enumerate() {
-            out[j * d_k + b * WIDE..j * d_k + (b + 1) * WIDE].copy_from_slice(acc);
-        }
+    // Values: 64 columns at a time (a whole row of a 64-wide head: each position's values
+    // read once, in one pass), then 16, the G heads' sums in registers over all positions.
+    let mut c = 0;
+    while c + 8 * LANES <= d_k {
+        weigh_values::<G, { 8 * LANES }>(head, p, c, out);
+        c += 8 * LANES;
     }
-    for c in wide * WIDE..d_k {
+    while c + 2 * LANES <= d_k {
+        weigh_values::<G, { 2 * LANES }>(head, p, c, out);
+        c += 2 * LANES;
+    }
+    for c in c..d_k {
         for j in 0..G {
             let mut sum = 0.0f32;
             for t in 0..len {
@@ -273,6 +267,32 @@ fn tile<const G: usize>(
             }
             out[j * d_k + c] = sum;
         }
+    }
+}
+
+/// Columns `first..first + W` of the `G` heads' outputs: `Σ_t p_jt · v_t`, positions in order
+/// from zero, the sums in registers over all positions.
+#[inline(always)]
+fn weigh_values<const G: usize, const W: usize>(
+    head: CachedHead<'_>,
+    p: &[f32],
+    first: usize,
+    out: &mut [f32],
+) {
+    let (len, d_k) = (head.len, head.d_k);
+    let mut acc = [[0f32; W]; G];
+    for t in 0..len {
+        let at = t * head.stride + head.offset + first;
+        let v: &[f32; W] = head.values[at..at + W].try_into().unwrap();
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let w = p[j * len + t];
+            for l in 0..W {
+                acc[l] += w * v[l];
+            }
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        out[j * d_k + first..j * d_k + first + W].copy_from_slice(acc);
     }
 }
 
@@ -327,8 +347,9 @@ mod tests {
     }
 
     /// Every group size a tile split meets (1–9 heads), widths with and without a tail of
-    /// columns, one and many positions, a head inside a wider row: within 1e-5 of the f64
-    /// formula (f32 sums of at most 64 products of values below 1 in magnitude, then
+    /// columns (88: one block of 64, one of 16 and a tail of 8), one and many positions, a
+    /// head inside a wider row: within 1e-5 of the f64 formula (f32 sums of at most 88
+    /// products of values below 1 in magnitude, then
     /// probabilities below 1), and [`cached_probabilities`] equal to the probabilities
     /// [`attend_cached`] used, bit for bit.
     #[test]
@@ -340,6 +361,7 @@ mod tests {
             (5, 12, 9, 1, 0),
             (9, 64, 70, 2, 0),
             (2, 3, 4, 4, 3),
+            (2, 88, 7, 2, 1),
         ] {
             let stride = heads * d_k;
             let keys = values(len * stride, 1);

@@ -195,6 +195,24 @@ impl Completion {
     }
 }
 
+/// The file's tokenizer, after checking that every id it gives has an embedding row and every
+/// row the model can choose decodes (the two counts agree before any weight is read).
+fn checked_tokenizer(gguf: &Gguf) -> Result<GgufTokenizer, LlmError> {
+    let tokenizer = GgufTokenizer::from_gguf(gguf)?;
+    let rows = LlamaConfig::from_gguf(gguf)?.vocab_size;
+    if tokenizer.n_tokens() != rows {
+        return Err(GgufError::metadata(
+            "tokenizer.ggml.tokens",
+            format!(
+                "{} tokens, but token_embd.weight has {rows} rows",
+                tokenizer.n_tokens()
+            ),
+        )
+        .into());
+    }
+    Ok(tokenizer)
+}
+
 impl<B: Backend> LanguageModel<B> {
     /// Reads a GGUF file with `f32` weights on `device`.
     ///
@@ -205,7 +223,9 @@ impl<B: Backend> LanguageModel<B> {
         Self::from_file_with(path, device, WeightFormat::F32)
     }
 
-    /// Reads a GGUF file with its weights held as `format` says.
+    /// Reads a GGUF file with its weights held as `format` says. With
+    /// [`WeightFormat::Quantized`] the file's blocks are laid out once for this CPU's fastest
+    /// products ([`QuantizedLlama::from_gguf_owned`]).
     ///
     /// # Errors
     /// As [`from_file`](Self::from_file).
@@ -215,7 +235,32 @@ impl<B: Backend> LanguageModel<B> {
         format: WeightFormat,
     ) -> Result<Self, LlmError> {
         let gguf = Gguf::read(path).map_err(|e| LlmError::from(e).in_file(path))?;
-        Self::from_gguf_with(&gguf, device, format).map_err(|e| e.in_file(path))
+        Self::from_gguf_owned(gguf, device, format).map_err(|e| e.in_file(path))
+    }
+
+    /// As [`from_gguf_with`](Self::from_gguf_with), taking the file: with
+    /// [`WeightFormat::Quantized`] its blocks are permuted in place into the layout of this
+    /// CPU's fastest products ([`QuantizedLlama::from_gguf_owned`]; no copy of the weights).
+    ///
+    /// # Errors
+    /// As [`from_gguf`](Self::from_gguf).
+    pub fn from_gguf_owned(
+        gguf: Gguf,
+        device: &B::Device,
+        format: WeightFormat,
+    ) -> Result<Self, LlmError> {
+        match format {
+            WeightFormat::F32 => Self::from_gguf_with(&gguf, device, format),
+            WeightFormat::Quantized => {
+                let tokenizer = checked_tokenizer(&gguf)?;
+                let model = QuantizedLlama::from_gguf_owned(gguf, tokenizer.pad_id())?;
+                Ok(Self {
+                    config: model.config.clone(),
+                    model: LmWeights::Quantized(model),
+                    tokenizer,
+                })
+            }
+        }
     }
 
     /// Builds the tokenizer and the `f32` model of a parsed file.
@@ -236,20 +281,7 @@ impl<B: Backend> LanguageModel<B> {
         device: &B::Device,
         format: WeightFormat,
     ) -> Result<Self, LlmError> {
-        let tokenizer = GgufTokenizer::from_gguf(gguf)?;
-        // Every id the tokenizer gives must have an embedding row, and every row the model
-        // can choose must decode: the two counts agree before any weight is read.
-        let rows = LlamaConfig::from_gguf(gguf)?.vocab_size;
-        if tokenizer.n_tokens() != rows {
-            return Err(GgufError::metadata(
-                "tokenizer.ggml.tokens",
-                format!(
-                    "{} tokens, but token_embd.weight has {rows} rows",
-                    tokenizer.n_tokens()
-                ),
-            )
-            .into());
-        }
+        let tokenizer = checked_tokenizer(gguf)?;
         let (config, model) = match format {
             WeightFormat::F32 => {
                 let (config, model) = llama::load_llama(gguf, tokenizer.pad_id(), device)?;

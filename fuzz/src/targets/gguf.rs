@@ -2,8 +2,9 @@
 //!
 //! [`Gguf::parse`]; when it accepts the bytes: every tensor dequantised (and its blocks checked
 //! through `tensor_data`), [`LlamaConfig::from_gguf`], [`GgufTokenizer::from_gguf`] (encoding and
-//! decoding a line of text), [`QuantizedLlama::from_gguf`] and [`LanguageModel::from_gguf_with`]
-//! in both weight formats on ndarray. Seeds: the tiny Llama-family file of xfmr-llm's tests.
+//! decoding a line of text), [`QuantizedLlama::from_gguf`] (and `from_gguf_owned`) and
+//! [`LanguageModel::from_gguf_with`] in both weight formats on ndarray. Seeds: the tiny
+//! Llama-family file of xfmr-llm's tests.
 
 use burn::backend::NdArray;
 use xfmr_llm::{Gguf, GgufTokenizer, LanguageModel, LlamaConfig, QuantizedLlama, WeightFormat};
@@ -31,8 +32,11 @@ pub fn run(data: &[u8]) {
         }
     }
     if let Ok(model) = QuantizedLlama::from_gguf(&gguf, 0) {
-        // One step of the model: a file that loads must also run.
+        // One step of the model: a file that loads must also run, and so must the model that
+        // takes the file (its blocks interleaved on AVX-512 VNNI).
         let _ = model.attention_weights(&[0]);
+        let owned = QuantizedLlama::from_gguf_owned(Gguf::parse(data.to_vec()).unwrap(), 0);
+        let _ = owned.expect("loads as the borrowing model did").attention_weights(&[0]);
     }
     for format in [WeightFormat::F32, WeightFormat::Quantized] {
         let _ = LanguageModel::<NdArray>::from_gguf_with(&gguf, &Default::default(), format);

@@ -127,8 +127,9 @@ fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
     let c = &lm.config;
     let weights = match &lm.model {
         LmWeights::Quantized(m) => format!(
-            "quantized weights ({} MB, on the CPU)",
-            m.weight_bytes() / 1_000_000
+            "quantized weights ({} MB, on the CPU; {} MB of them interleaved for AVX-512 VNNI)",
+            m.weight_bytes() / 1_000_000,
+            m.interleaved_bytes() / 1_000_000
         ),
         LmWeights::F32(_) => "f32 weights".to_string(),
     };

@@ -169,8 +169,9 @@ impl PanelBlock {
 
 /// `Some(x86::$f(args))` for the function `$f` of `path` (AVX-512 VNNI, AVX-VNNI, AVX2);
 /// `None` on the portable path and on other architectures: the dispatch of [`crate::cpu`] as
-/// one `match` for the five product kernels below, and the one place the `unsafe`
-/// `#[target_feature]` functions of `x86` are called.
+/// one `match` for the five product kernels below, and (with [`dot_group`], whose kernel
+/// exists on one path only) the one place the `unsafe` `#[target_feature]` functions of `x86`
+/// are called.
 macro_rules! on_simd_path {
     ($path:expr, $avx512vnni:ident, $avxvnni:ident, $avx2:ident ($($arg:expr),*)) => {
         match $path {
@@ -305,6 +306,36 @@ pub(super) fn dot_panel(
         panel_avxvnni,
         panel_avx2(format, rows, panel)
     )
+}
+
+/// Whether [`dot_group`] serves interleaved matrices of `format` on `path`: `Q4_0`, `Q4_1`
+/// and `Q8_0` on AVX-512 VNNI (the other paths read interleaved rows gathered back into
+/// ggml's layout).
+pub(super) fn has_group_kernel(path: DotLevel, format: BlockFormat) -> bool {
+    path == DotLevel::Avx512Vnni && super::interleave::interleavable(format)
+}
+
+/// The sixteen rows of one interleaved group ([`super::interleave`], `tiles` one tile per
+/// block column) times the `R ≤ 4` activation rows `xs`: `out[c][r]` is weight row `r` times
+/// activation row `c`. `None` where [`has_group_kernel`] is false.
+pub(super) fn dot_group<const R: usize>(
+    path: DotLevel,
+    format: BlockFormat,
+    tiles: &[u8],
+    xs: [&[ActBlock]; R],
+) -> Option<[[f32; super::interleave::GROUP]; R]> {
+    if !has_group_kernel(path, format) {
+        return None;
+    }
+    match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: the path is available (`matmul_fused`, the only caller, asserts it in all
+        // builds) and has every feature the function enables (AVX-512 F/VNNI/VL, AVX2, FMA,
+        // F16C); the function asserts its length precondition itself.
+        DotLevel::Avx512Vnni => Some(unsafe { x86::group_avx512vnni(format, tiles, xs) }),
+        _ => None,
+    }
 }
 
 /// `Σ_subs Σ_h scale_h·d·Σ_{j∈h} q_j·xq_j` in plain Rust.

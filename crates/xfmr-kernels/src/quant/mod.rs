@@ -7,7 +7,9 @@
 //!   to, so that one product kernel serves all of them; `Q4_0`, `Q4_1` and `Q8_0` (the
 //!   commonest) also have kernels that read their blocks in place;
 //! - [`QuantizedMatrix`]: a `[rows, cols]` matrix of blocks and its product with activation
-//!   rows ([`QuantizedMatrix::matmul`]), in parallel over row ranges;
+//!   rows ([`QuantizedMatrix::matmul`]), in parallel over row ranges; its blocks in ggml's
+//!   layout or, for `Q4_0`, `Q4_1` and `Q8_0`, interleaved by groups of sixteen rows
+//!   ([`interleave`], what the AVX-512 VNNI kernel reads fastest);
 //! - [`ActivationRows`]: `[n, cols]` activations quantised once and shared by every product
 //!   that reads them (the query, key and value projections of one layer...).
 //!
@@ -27,17 +29,18 @@
 
 mod dot;
 mod formats;
+pub mod interleave;
+mod matmul;
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use dot::{
-    dot_blocks, dot_blocks4, dot_panel, dot_row, dot_rows4, quantize_blocks, reads_in_place,
-};
+use dot::quantize_blocks;
 pub use dot::{ActBlock, PanelBlock, PANEL};
 pub use formats::{dequantize, BlockFormat, Sub32, SUB};
+pub use interleave::Layout;
 
 /// The path of the products: [`DotLevel`](crate::cpu::DotLevel), the levels of
 /// [`crate::cpu`]'s probe for the integer products (`Path::detect()` is this CPU's best,
@@ -144,11 +147,13 @@ impl ActivationRows {
     }
 }
 
-/// A `[rows, cols]` matrix stored as ggml blocks, row after row (a GGUF tensor with
-/// `dims = [cols, rows]`), borrowed from a shared buffer (a whole GGUF file held once).
+/// A `[rows, cols]` matrix stored as ggml blocks (a GGUF tensor with `dims = [cols, rows]`),
+/// borrowed from a shared buffer (a whole GGUF file held once), row after row or interleaved
+/// by groups of rows ([`Layout`]).
 #[derive(Debug, Clone)]
 pub struct QuantizedMatrix {
     format: BlockFormat,
+    layout: Layout,
     data: Arc<Vec<u8>>,
     start: usize,
     rows: usize,
@@ -182,6 +187,27 @@ impl QuantizedMatrix {
         Self::from_shared(format, Arc::new(bytes), 0..len, rows, cols)
     }
 
+    /// The blocks of a `[rows, cols]` matrix in `layout`, its bytes permuted here when
+    /// `layout` is [`Layout::Interleaved`] (`bytes` in ggml's row layout, as
+    /// [`new`](Self::new) takes them).
+    ///
+    /// # Errors
+    /// As [`new`](Self::new); [`Layout::Interleaved`] for a format without that layout.
+    pub fn with_layout(
+        format: BlockFormat,
+        mut bytes: Vec<u8>,
+        rows: usize,
+        cols: usize,
+        layout: Layout,
+    ) -> Result<Self, ShapeError> {
+        let len = bytes.len();
+        Self::check(format, len, 0..len, rows, cols, layout)?;
+        if layout == Layout::Interleaved {
+            interleave::interleave(format, &mut bytes, rows, cols);
+        }
+        Self::from_shared_in(format, Arc::new(bytes), 0..len, rows, cols, layout)
+    }
+
     /// The blocks of a `[rows, cols]` matrix at `range` of a shared buffer (no copy).
     ///
     /// # Errors
@@ -194,24 +220,27 @@ impl QuantizedMatrix {
         rows: usize,
         cols: usize,
     ) -> Result<Self, ShapeError> {
-        let expected = cols
-            .is_multiple_of(format.block_len())
-            .then(|| (cols / format.block_len()).checked_mul(format.block_bytes()))
-            .flatten()
-            .and_then(|row| row.checked_mul(rows));
-        if expected != Some(range.len()) || range.end > data.len() {
-            return Err(ShapeError(format!(
-                "{} matrix [{rows}, {cols}]: {} bytes at {range:?} of {}; rows must be whole \
-                 blocks of {} elements ({} bytes each)",
-                format.name(),
-                range.len(),
-                data.len(),
-                format.block_len(),
-                format.block_bytes()
-            )));
-        }
+        Self::from_shared_in(format, data, range, rows, cols, Layout::Rows)
+    }
+
+    /// As [`from_shared`](Self::from_shared) for blocks already in `layout` (a buffer whose
+    /// ranges were permuted by [`interleave::interleave`]).
+    ///
+    /// # Errors
+    /// As [`from_shared`](Self::from_shared); [`Layout::Interleaved`] for a format without
+    /// that layout.
+    pub fn from_shared_in(
+        format: BlockFormat,
+        data: Arc<Vec<u8>>,
+        range: Range<usize>,
+        rows: usize,
+        cols: usize,
+        layout: Layout,
+    ) -> Result<Self, ShapeError> {
+        Self::check(format, data.len(), range.clone(), rows, cols, layout)?;
         Ok(Self {
             format,
+            layout,
             data,
             start: range.start,
             rows,
@@ -219,9 +248,48 @@ impl QuantizedMatrix {
         })
     }
 
+    /// The size checks of the constructors.
+    fn check(
+        format: BlockFormat,
+        len: usize,
+        range: Range<usize>,
+        rows: usize,
+        cols: usize,
+        layout: Layout,
+    ) -> Result<(), ShapeError> {
+        if layout == Layout::Interleaved && !interleave::interleavable(format) {
+            return Err(ShapeError(format!(
+                "{} matrix [{rows}, {cols}]: the format has no interleaved layout",
+                format.name()
+            )));
+        }
+        let expected = cols
+            .is_multiple_of(format.block_len())
+            .then(|| (cols / format.block_len()).checked_mul(format.block_bytes()))
+            .flatten()
+            .and_then(|row| row.checked_mul(rows));
+        if expected != Some(range.len()) || range.end > len {
+            return Err(ShapeError(format!(
+                "{} matrix [{rows}, {cols}]: {} bytes at {range:?} of {}; rows must be whole \
+                 blocks of {} elements ({} bytes each)",
+                format.name(),
+                range.len(),
+                len,
+                format.block_len(),
+                format.block_bytes()
+            )));
+        }
+        Ok(())
+    }
+
     /// The block format.
     pub fn format(&self) -> BlockFormat {
         self.format
+    }
+
+    /// The layout of the blocks.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// Rows (outputs of a linear layer).
@@ -234,7 +302,7 @@ impl QuantizedMatrix {
         self.cols
     }
 
-    /// The blocks.
+    /// The blocks, in the matrix's [`layout`](Self::layout).
     pub fn bytes(&self) -> &[u8] {
         &self.data[self.start..self.start + self.rows * self.row_bytes()]
     }
@@ -243,9 +311,23 @@ impl QuantizedMatrix {
         self.cols / self.format.block_len() * self.format.block_bytes()
     }
 
-    fn row(&self, r: usize) -> &[u8] {
+    /// Row `r`'s blocks in ggml's layout: in place, or gathered into `buf` from an
+    /// interleaved group.
+    fn row_in<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
         let size = self.row_bytes();
-        &self.data[self.start + r * size..self.start + (r + 1) * size]
+        if self.layout == Layout::Rows || r >= self.rows / interleave::GROUP * interleave::GROUP {
+            return &self.data[self.start + r * size..self.start + (r + 1) * size];
+        }
+        buf.resize(size, 0);
+        let (rows, cols) = (self.rows, self.cols);
+        interleave::gather_row(self.format, self.bytes(), rows, cols, r, buf);
+        buf
+    }
+
+    /// The tiles of interleaved group `g` (rows `16g..16g + 16`).
+    fn group(&self, g: usize) -> &[u8] {
+        let size = interleave::GROUP * self.row_bytes();
+        &self.data[self.start + g * size..self.start + (g + 1) * size]
     }
 
     /// Row `r` dequantised into `out` (`cols` values): an embedding lookup.
@@ -254,145 +336,32 @@ impl QuantizedMatrix {
     /// If `r ≥ rows` or `out` is not `cols` long.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows, "row {r} of {}", self.rows);
-        dequantize(self.format, self.row(r), out);
+        let group = interleave::GROUP;
+        match interleave::header(self.format) {
+            // Block by block from the group's tiles: no allocation per lookup.
+            Some(head) if self.layout == Layout::Interleaved && r < self.rows / group * group => {
+                assert_eq!(out.len(), self.cols, "row of {} values", self.cols);
+                let (tiles, size) = (self.group(r / group), self.format.block_bytes());
+                let mut block = [0u8; 64];
+                for (tile, out) in tiles
+                    .chunks_exact(group * size)
+                    .zip(out.chunks_exact_mut(SUB))
+                {
+                    interleave::gather_block(head, tile, r % group, &mut block[..size]);
+                    dequantize(self.format, &block[..size], out);
+                }
+            }
+            _ => dequantize(self.format, self.row_in(r, &mut Vec::new()), out),
+        }
     }
 
     /// The whole matrix dequantised, `[rows, cols]` row-major.
     pub fn dequantize(&self) -> Vec<f32> {
         let mut out = vec![0f32; self.rows * self.cols];
-        dequantize(self.format, self.bytes(), &mut out);
+        let mut buf = Vec::new();
+        for (r, out) in out.chunks_exact_mut(self.cols.max(1)).enumerate() {
+            dequantize(self.format, self.row_in(r, &mut buf), out);
+        }
         out
-    }
-
-    /// `y = x Wᵀ`: `y[i][r] = Σ_k W[r][k]·x[i][k]` for the `n` rows of `x`, written into `y`
-    /// (`[n, rows]`, row-major), on the best [`Path`] of this CPU.
-    ///
-    /// # Panics
-    /// If `x` is not `cols` wide or `y` not `n·rows` long.
-    pub fn matmul(&self, x: &ActivationRows, y: &mut [f32]) {
-        Self::matmul_fused(Path::detect(), &[self], x, y);
-    }
-
-    /// Products of several matrices of one width with the same activations, as one parallel
-    /// pass over all their rows (a layer's query, key and value projections): `y` is
-    /// `[n, Σ rows]`, each row of `x` followed by the outputs of `parts[0]`, then `parts[1]`...
-    /// Work is split over ranges of weight rows on rayon's threads, each task writing its
-    /// columns of every row of `y`. `Q4_0`, `Q4_1` and `Q8_0` rows are read in place: four
-    /// weight rows per activation row when `x` has one row, four weight rows by panels of
-    /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
-    /// `Q8_0`), four activation rows per weight row in between; other formats' rows are
-    /// unpacked once and multiplied with every row of `x`.
-    ///
-    /// # Panics
-    /// If a part is not `x`'s width, `y` not `n·Σ rows` long, or `path` not
-    /// [`available`](Path::available).
-    pub fn matmul_fused(path: Path, parts: &[&Self], x: &ActivationRows, y: &mut [f32]) {
-        path.assert_available();
-        let total: usize = parts.iter().map(|p| p.rows).sum();
-        assert!(
-            parts.iter().all(|p| p.cols == x.cols()) && y.len() == x.n() * total,
-            "QuantizedMatrix::matmul: [{}, {}] activations, weights {:?}, {} outputs",
-            x.n(),
-            x.cols(),
-            parts.iter().map(|p| [p.rows, p.cols]).collect::<Vec<_>>(),
-            y.len()
-        );
-        let n = x.n();
-        if n == 0 || total == 0 {
-            return;
-        }
-        let subs = x.cols() / SUB;
-        // Task `t` computes weight rows `t·ROWS_PER_TASK..` (of all parts in turn) into
-        // `out[k]`, its columns of row `k` of `y`.
-        let task = |t: usize, out: &mut [&mut [f32]]| {
-            // Only formats not read in place unpack (allocated on first use: most tasks of
-            // most products never need it).
-            let mut unpacked = Vec::new();
-            let (mut part, mut r) = (0, t * ROWS_PER_TASK);
-            let count = out[0].len();
-            let mut i = 0;
-            while i < count {
-                while r >= parts[part].rows {
-                    r -= parts[part].rows;
-                    part += 1;
-                }
-                let m = parts[part];
-                let in_place = reads_in_place(path, m.format);
-                let four_rows = i + 4 <= count && r + 4 <= m.rows;
-                if in_place && four_rows && (n == 1 || n >= panel_min_rows(m.format)) {
-                    let rows = [m.row(r), m.row(r + 1), m.row(r + 2), m.row(r + 3)];
-                    if n == 1 {
-                        // One activation row: four weight rows at a time.
-                        let four = dot_rows4(path, m.format, rows, x.row(0)).expect("in place");
-                        out[0][i..i + 4].copy_from_slice(&four);
-                    } else {
-                        // Four weight rows by a panel of activation rows at a time.
-                        for (p, first) in (0..n).step_by(PANEL).enumerate() {
-                            let tile =
-                                dot_panel(path, m.format, rows, x.panel(p)).expect("in place");
-                            for (c, y_row) in
-                                out[first..n.min(first + PANEL)].iter_mut().enumerate()
-                            {
-                                for (j, lanes) in tile.iter().enumerate() {
-                                    y_row[i + j] = lanes[c];
-                                }
-                            }
-                        }
-                    }
-                    (i, r) = (i + 4, r + 4);
-                    continue;
-                }
-                let row = m.row(r);
-                if in_place {
-                    // Four activation rows at a time, then one at a time.
-                    let mut k = 0;
-                    while k + 4 <= n {
-                        let xs = [x.row(k), x.row(k + 1), x.row(k + 2), x.row(k + 3)];
-                        let four = dot_blocks4(path, m.format, row, xs).expect("in place");
-                        for (q, v) in four.into_iter().enumerate() {
-                            out[k + q][i] = v;
-                        }
-                        k += 4;
-                    }
-                    for k in k..n {
-                        out[k][i] = dot_blocks(path, m.format, row, x.row(k)).expect("in place");
-                    }
-                } else {
-                    let per_block = m.format.subs();
-                    unpacked.resize(subs, Sub32::default());
-                    for (block, dst) in row
-                        .chunks_exact(m.format.block_bytes())
-                        .zip(unpacked.chunks_exact_mut(per_block))
-                    {
-                        m.format.unpack(block, dst);
-                    }
-                    for (k, y_row) in out.iter_mut().enumerate() {
-                        y_row[i] = dot_row(path, &unpacked, m.format.offset(), x.row(k));
-                    }
-                }
-                (i, r) = (i + 1, r + 1);
-            }
-        };
-        if n == 1 {
-            y.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(t, out)| task(t, &mut [out]));
-        } else {
-            // Each task's columns of every row of `y` (disjoint slices), task by task in one
-            // allocation: task `t`'s are `columns[t·n..(t + 1)·n]`.
-            let tasks = total.div_ceil(ROWS_PER_TASK);
-            let mut rows: Vec<_> = y
-                .chunks_exact_mut(total)
-                .map(|y_row| y_row.chunks_mut(ROWS_PER_TASK))
-                .collect();
-            let mut columns: Vec<&mut [f32]> = Vec::with_capacity(tasks * n);
-            for _ in 0..tasks {
-                columns.extend(rows.iter_mut().map(|r| r.next().expect("a piece per task")));
-            }
-            columns
-                .par_chunks_mut(n)
-                .enumerate()
-                .for_each(|(t, out)| task(t, out));
-        }
     }
 }

@@ -463,6 +463,21 @@ impl Gguf {
         check_blocks(info, &self.bytes[range.clone()])?;
         Ok((Arc::clone(&self.bytes), range))
     }
+
+    /// The file's bytes and the range of `info`'s data, unchecked: for a reader that checked
+    /// them through [`tensor_data`](Self::tensor_data) before permuting them in place.
+    pub(crate) fn tensor_bytes(&self, info: &TensorInfo) -> (Arc<Vec<u8>>, Range<usize>) {
+        (
+            Arc::clone(&self.bytes),
+            info.offset..info.offset + info.size,
+        )
+    }
+
+    /// The file's bytes to change in place, when nothing else holds them (no matrix built from
+    /// this file is alive).
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut Vec<u8>> {
+        Arc::get_mut(&mut self.bytes)
+    }
 }
 
 /// Refuses quantised blocks whose scales are not finite, naming the tensor and the block.

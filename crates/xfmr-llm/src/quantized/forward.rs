@@ -98,8 +98,14 @@ impl QuantizedLlama {
                     let (q, kv_part) = row_qkv.split_at_mut(d);
                     rope(q, d_k, angles);
                     rope(&mut kv_part[..kv], d_k, angles);
-                    row.keys[l].extend_from_slice(&kv_part[..kv]);
-                    row.values[l].extend_from_slice(&kv_part[kv..]);
+                    let (k, v) = kv_part.split_at(kv);
+                    let heads = l * c.n_kv_heads..(l + 1) * c.n_kv_heads;
+                    for (cache, k) in row.keys[heads.clone()].iter_mut().zip(k.chunks_exact(d_k)) {
+                        cache.extend_from_slice(k);
+                    }
+                    for (cache, v) in row.values[heads].iter_mut().zip(v.chunks_exact(d_k)) {
+                        cache.extend_from_slice(v);
+                    }
                 }
             }
             // Every query of every sequence in one parallel pass over (query, key/value head)
@@ -108,7 +114,8 @@ impl QuantizedLlama {
             if let Some(weights) = record.as_deref_mut() {
                 for ((row, tokens), &start) in rows.iter().zip(&s.starts) {
                     let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
-                    weights.push(attention_weights(c, qkv, width, &row.keys[l], row.len));
+                    let keys = &row.keys[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
+                    weights.push(attention_weights(c, qkv, width, keys, row.len));
                 }
             }
             s.proj.resize(n * d, 0.0);

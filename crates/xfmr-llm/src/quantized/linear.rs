@@ -3,7 +3,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use rayon::prelude::*;
-use xfmr_kernels::quant::{ActivationRows, Path, QuantizedMatrix};
+use xfmr_kernels::quant::{ActivationRows, Layout, Path, QuantizedMatrix};
 
 use crate::gguf::{GgmlType, Gguf, GgufError};
 
@@ -62,6 +62,18 @@ impl QuantizedLinear {
         name: &str,
         expected: Option<[usize; 2]>,
     ) -> Result<Self, GgufError> {
+        Self::from_gguf_in(gguf, name, expected, Layout::Rows)
+    }
+
+    /// As [`from_gguf`](Self::from_gguf), the blocks of a quantised tensor in `layout`:
+    /// [`Layout::Interleaved`] for a tensor whose bytes the caller checked and permuted in
+    /// place ([`QuantizedLlama::from_gguf_owned`](crate::QuantizedLlama::from_gguf_owned)).
+    pub(crate) fn from_gguf_in(
+        gguf: &Gguf,
+        name: &str,
+        expected: Option<[usize; 2]>,
+        layout: Layout,
+    ) -> Result<Self, GgufError> {
         let info = gguf
             .tensor(name)
             .ok_or_else(|| GgufError::NoTensor(name.into()))?;
@@ -80,13 +92,17 @@ impl QuantizedLinear {
         }
         let weight = match info.ty {
             GgmlType::Quant(format) => {
-                let (data, range) = gguf.tensor_data(info)?;
-                let matrix = QuantizedMatrix::from_shared(format, data, range, rows, cols)
-                    .map_err(|e| GgufError::BadTensor {
-                        tensor: name.into(),
-                        offset: info.offset as u64,
-                        reason: e.to_string(),
-                    })?;
+                let (data, range) = match layout {
+                    Layout::Rows => gguf.tensor_data(info)?,
+                    Layout::Interleaved => gguf.tensor_bytes(info),
+                };
+                let matrix =
+                    QuantizedMatrix::from_shared_in(format, data, range, rows, cols, layout)
+                        .map_err(|e| GgufError::BadTensor {
+                            tensor: name.into(),
+                            offset: info.offset as u64,
+                            reason: e.to_string(),
+                        })?;
                 Weight::Blocks(matrix)
             }
             _ => Weight::Dense {
@@ -120,6 +136,14 @@ impl QuantizedLinear {
         match &self.weight {
             Weight::Blocks(m) => m.format().name(),
             Weight::Dense { .. } => "F32",
+        }
+    }
+
+    /// The layout of the weight's blocks (`None` for float tensors, held as `f32`).
+    pub fn layout(&self) -> Option<Layout> {
+        match &self.weight {
+            Weight::Blocks(m) => Some(m.layout()),
+            Weight::Dense { .. } => None,
         }
     }
 

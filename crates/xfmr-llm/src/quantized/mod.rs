@@ -37,9 +37,11 @@ pub use linear::{Activations, ProductScratch, QuantizedLinear};
 pub use prefix::PrefixCache;
 pub use steps::QuantizedSteps;
 
-use crate::gguf::{Gguf, GgufError};
+use crate::gguf::{GgmlType, Gguf, GgufError};
 use crate::llama::LlamaConfig;
 use crate::LlmError;
+use xfmr_kernels::quant::interleave::interleave;
+use xfmr_kernels::quant::{BlockFormat, Layout, Path};
 
 /// One layer's weights.
 #[derive(Debug, Clone)]
@@ -73,7 +75,9 @@ pub struct QuantizedLlama {
 /// batching: a server adds and drops sequences between steps).
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
-    /// Per layer, `[len, kv_dim]` keys and values (capacity reserved up front).
+    /// Per layer and key/value head (`layer · n_kv_heads + head`), `[len, d_k]` keys and values
+    /// (capacity reserved up front): each head's rows contiguous, so that attention streams
+    /// them in order.
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
@@ -140,10 +144,64 @@ impl QuantizedLlama {
     /// # Errors
     /// Metadata or tensors the model cannot use (typed, naming the key or tensor).
     pub fn from_gguf(gguf: &Gguf, pad_id: u32) -> Result<Self, LlmError> {
+        Self::build(gguf, pad_id, &[])
+    }
+
+    /// As [`from_gguf`](Self::from_gguf), taking the file: the blocks of every matrix whose
+    /// products are faster so ([`Layout::fastest`]: `Q4_0`, `Q4_1` and `Q8_0` on AVX-512
+    /// VNNI) are permuted in place into the interleaved layout, once, with no copy (the
+    /// file is read back only through this model afterwards). Elsewhere, or when a matrix
+    /// built from the file is still alive, the blocks stay as stored.
+    ///
+    /// # Errors
+    /// As [`from_gguf`](Self::from_gguf) (every tensor is checked before any is permuted).
+    pub fn from_gguf_owned(mut gguf: Gguf, pad_id: u32) -> Result<Self, LlmError> {
+        // Every check in ggml's layout first (the model built and dropped), so that the
+        // permuted blocks need none.
+        drop(Self::from_gguf(&gguf, pad_id)?);
+        let path = Path::detect();
+        let picked: Vec<(String, BlockFormat, std::ops::Range<usize>, [usize; 2])> = gguf
+            .tensors
+            .iter()
+            // The matrices the model multiplies with: after the check above every tensor is
+            // one the model reads, and the only others are the norms' vectors (read as
+            // values, so never permuted, whatever their stored shape).
+            .filter(|t| !t.name.ends_with("norm.weight"))
+            .filter_map(|t| match (t.ty, &t.shape()[..]) {
+                (GgmlType::Quant(format), &[rows, cols])
+                    if Layout::fastest(path, format) == Layout::Interleaved =>
+                {
+                    Some((
+                        t.name.clone(),
+                        format,
+                        t.offset..t.offset + t.size,
+                        [rows, cols],
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        let Some(bytes) = gguf.bytes_mut().filter(|_| !picked.is_empty()) else {
+            return Self::from_gguf(&gguf, pad_id);
+        };
+        for (_, format, range, [rows, cols]) in &picked {
+            interleave(*format, &mut bytes[range.clone()], *rows, *cols);
+        }
+        let names: Vec<&str> = picked.iter().map(|p| p.0.as_str()).collect();
+        Self::build(&gguf, pad_id, &names)
+    }
+
+    /// The model, the tensors `interleaved` names read in [`Layout::Interleaved`].
+    fn build(gguf: &Gguf, pad_id: u32, interleaved: &[&str]) -> Result<Self, LlmError> {
         let c = LlamaConfig::from_gguf(gguf)?;
         let (d, kv, ff) = (c.d_model, c.n_kv_heads * c.d_k(), c.d_ff);
-        let linear =
-            |name: &str, shape: [usize; 2]| QuantizedLinear::from_gguf(gguf, name, Some(shape));
+        let linear = |name: &str, shape: [usize; 2]| {
+            let layout = match interleaved.contains(&name) {
+                true => Layout::Interleaved,
+                false => Layout::Rows,
+            };
+            QuantizedLinear::from_gguf_in(gguf, name, Some(shape), layout)
+        };
         let vector = |name: &str| -> Result<Vec<f32>, GgufError> {
             let v = gguf.dequantize(name)?;
             match v.len() == d {
@@ -232,8 +290,22 @@ impl QuantizedLlama {
     /// Bytes of all weights as held (quantised blocks and `f32` norms).
     pub fn weight_bytes(&self) -> usize {
         let norms = (self.layers.len() * 2 + 1) * self.config.d_model * 4;
-        let linears: usize = self
-            .layers
+        let linears: usize = self.linears().map(QuantizedLinear::weight_bytes).sum();
+        norms + linears
+    }
+
+    /// Bytes of the weights held in [`Layout::Interleaved`] (what
+    /// [`from_gguf_owned`](Self::from_gguf_owned) lays out for AVX-512 VNNI; 0 elsewhere).
+    pub fn interleaved_bytes(&self) -> usize {
+        self.linears()
+            .filter(|l| l.layout() == Some(Layout::Interleaved))
+            .map(QuantizedLinear::weight_bytes)
+            .sum()
+    }
+
+    /// Every linear layer.
+    fn linears(&self) -> impl Iterator<Item = &QuantizedLinear> {
+        self.layers
             .iter()
             .flat_map(|l| {
                 l.qkv
@@ -244,9 +316,6 @@ impl QuantizedLlama {
             })
             .chain([&self.embedding])
             .chain(&self.output)
-            .map(QuantizedLinear::weight_bytes)
-            .sum();
-        norms + linears
     }
 
     /// Decoding steps of `batch` empty sequences, each cache reserved for `capacity`
@@ -258,10 +327,9 @@ impl QuantizedLlama {
     /// An empty cache for one sequence, reserved for `capacity` positions (at most the
     /// model's context), for [`forward_batch`](Self::forward_batch).
     pub fn sequence(&self, capacity: usize) -> SequenceCache {
-        let kv = self.config.n_kv_heads * self.config.d_k();
-        let reserve = capacity.min(self.config.context_length) * kv;
+        let reserve = capacity.min(self.config.context_length) * self.config.d_k();
         let layers = || {
-            (0..self.layers.len())
+            (0..self.layers.len() * self.config.n_kv_heads)
                 .map(|_| Vec::with_capacity(reserve))
                 .collect()
         };

@@ -83,11 +83,12 @@ pub(super) fn attention(
             let past = row.len;
             let seen = past + (r - starts[j]) + 1;
             let q = &qkv[r * width + g * group * d_k..r * width + (g + 1) * group * d_k];
-            let head = cached(c, &row.keys[layer], &row.values[layer], g, seen);
+            let at = layer * c.n_kv_heads + g;
+            let head = cached(c, &row.keys[at], &row.values[at], seen);
             SCORES.with_borrow_mut(|scores| {
                 // Room for every position the cache was reserved for, so that the buffer
                 // does not grow again as the sequence does.
-                let reserved = group * row.keys[layer].capacity() / (c.n_kv_heads * d_k);
+                let reserved = group * row.keys[at].capacity() / d_k;
                 if scores.capacity() < reserved {
                     scores.reserve_exact(reserved - scores.len());
                 }
@@ -101,20 +102,14 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Key/value head `g` of a layer's cache over its first `len` positions.
-fn cached<'a>(
-    c: &LlamaConfig,
-    keys: &'a [f32],
-    values: &'a [f32],
-    g: usize,
-    len: usize,
-) -> CachedHead<'a> {
+/// One key/value head's cache (`[positions, d_k]`) over its first `len` positions.
+fn cached<'a>(c: &LlamaConfig, keys: &'a [f32], values: &'a [f32], len: usize) -> CachedHead<'a> {
     let d_k = c.d_k();
     CachedHead {
         keys,
         values,
-        stride: c.n_kv_heads * d_k,
-        offset: g * d_k,
+        stride: d_k,
+        offset: 0,
         d_k,
         len,
     }
@@ -125,14 +120,14 @@ fn scale(c: &LlamaConfig) -> f32 {
     1.0 / (c.d_k() as f32).sqrt()
 }
 
-/// The attention weights of the `n` new queries over the cache (`past + n` positions), as
-/// [`attention`] uses them (the same kernel's probabilities): `[heads, n, past + n]`, zeros
-/// where a query may not look.
+/// The attention weights of the `n` new queries over a layer's cache (`keys`, one per
+/// key/value head; `past + n` positions), as [`attention`] uses them (the same kernel's
+/// probabilities): `[heads, n, past + n]`, zeros where a query may not look.
 pub(super) fn attention_weights(
     c: &LlamaConfig,
     qkv: &[f32],
     width: usize,
-    keys: &[f32],
+    keys: &[Vec<f32>],
     past: usize,
 ) -> Vec<f32> {
     let d_k = c.d_k();
@@ -145,7 +140,8 @@ pub(super) fn attention_weights(
         let seen = past + i + 1;
         for g in 0..c.n_kv_heads {
             let q = &qkv[i * width + g * group * d_k..i * width + (g + 1) * group * d_k];
-            cached_probabilities(q, cached(c, keys, keys, g, seen), scale(c), &mut scores);
+            let head = cached(c, &keys[g], &keys[g], seen);
+            cached_probabilities(q, head, scale(c), &mut scores);
             for (j, row) in scores.chunks_exact(seen).enumerate() {
                 let at = ((g * group + j) * n + i) * total;
                 out[at..at + seen].copy_from_slice(row);

@@ -9,7 +9,7 @@
 
 use super::SequenceCache;
 
-/// One kept sequence: the tokens fed and, per layer, their keys and values.
+/// One kept sequence: the tokens fed and, per layer and key/value head, their keys and values.
 #[derive(Debug, Clone)]
 struct Entry {
     tokens: Vec<u32>,

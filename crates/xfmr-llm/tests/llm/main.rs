@@ -4,6 +4,7 @@
 mod decode_loop;
 mod gguf;
 mod hostile;
+mod interleaved;
 mod quantized;
 mod smollm2;
 mod smollm2_quantized;

@@ -16,7 +16,8 @@
 use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use xfmr_kernels::quant::{ActivationRows, BlockFormat, Path, QuantizedMatrix, Sub32};
+use xfmr_kernels::quant::interleave::interleavable;
+use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix, Sub32};
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter};
 use xfmr_llm::quantized::{Activations, PrefixCache, Scratch};
 use xfmr_llm::{LanguageModel, QuantizedLinear, QuantizedLlama};
@@ -158,15 +159,59 @@ fn activations(rng: &mut TestRng, n: usize, cols: usize) -> Vec<f32> {
         .collect()
 }
 
+/// `matrix` (in ggml's row layout) times `x` on every path, and so is its interleaved copy
+/// where the format has one.
 fn every_path(what: &str, matrix: &QuantizedMatrix, w: &[f32], x: &[f32], n: usize) {
     let mut acts = ActivationRows::new();
     acts.quantize(x, n, matrix.cols());
     let mags = magnitudes(matrix.format(), matrix.bytes());
-    for path in available_paths() {
-        let mut y = vec![0f32; n * matrix.rows()];
-        QuantizedMatrix::matmul_fused(path, &[matrix], &acts, &mut y);
-        check_product(&format!("{what} on {path:?}"), (w, &mags), x, &acts, &y);
+    let copy = interleaved(matrix);
+    for m in std::iter::once(matrix).chain(&copy) {
+        for path in available_paths() {
+            let mut y = vec![0f32; n * m.rows()];
+            QuantizedMatrix::matmul_fused(path, &[m], &acts, &mut y);
+            let what = format!("{what}, {:?} layout, on {path:?}", m.layout());
+            check_product(&what, (w, &mags), x, &acts, &y);
+        }
     }
+}
+
+/// `matrix` (ggml's row layout) interleaved by groups of sixteen rows, for the formats that
+/// have that layout; its dequantisation, whole and row by row, is the original's exactly.
+fn interleaved(matrix: &QuantizedMatrix) -> Option<QuantizedMatrix> {
+    assert_eq!(matrix.layout(), Layout::Rows);
+    let (format, rows, cols) = (matrix.format(), matrix.rows(), matrix.cols());
+    if !interleavable(format) {
+        let refused = QuantizedMatrix::with_layout(
+            format,
+            matrix.bytes().to_vec(),
+            rows,
+            cols,
+            Layout::Interleaved,
+        );
+        assert!(refused.is_err(), "{format:?} interleaved");
+        return None;
+    }
+    let copy = QuantizedMatrix::with_layout(
+        format,
+        matrix.bytes().to_vec(),
+        rows,
+        cols,
+        Layout::Interleaved,
+    )
+    .unwrap();
+    let w = matrix.dequantize();
+    assert_eq!(
+        copy.dequantize(),
+        w,
+        "{format:?}: the interleaved copy's values"
+    );
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        copy.dequantize_row(r, &mut row);
+        assert_eq!(row, w[r * cols..(r + 1) * cols], "{format:?}: row {r}");
+    }
+    Some(copy)
 }
 
 /// The paths this CPU has (printed: on a CPU without AVX2 only the portable one is tested).
@@ -368,7 +413,10 @@ fn corrupt_and_truncated_k_quant_blocks_are_typed_errors() {
 fn quantized_matmul_fused_over_several_matrices_is_within_each_bound() {
     let mut rng = TestRng::new(15);
     let cols = 256;
-    let parts: Vec<QuantizedMatrix> = [
+    // Each format that has one in the interleaved layout: the first part's two groups line up
+    // with the tasks' ranges of rows, the last part's group does not.
+    let (parts, mags): (Vec<QuantizedMatrix>, Vec<Vec<f32>>) = [
+        (BlockFormat::Q4_0, 32),
         (BlockFormat::Q4_1, 13),
         (BlockFormat::Q6K, 7),
         (BlockFormat::Q8_0, 21),
@@ -376,9 +424,11 @@ fn quantized_matmul_fused_over_several_matrices_is_within_each_bound() {
     .into_iter()
     .map(|(format, rows)| {
         let raw = random_blocks(format, rows * cols / format.block_len(), &mut rng);
-        QuantizedMatrix::new(format, raw, rows, cols).unwrap()
+        let mags = magnitudes(format, &raw);
+        let m = QuantizedMatrix::new(format, raw, rows, cols).unwrap();
+        (interleaved(&m).unwrap_or(m), mags)
     })
-    .collect();
+    .unzip();
     let refs: Vec<&QuantizedMatrix> = parts.iter().collect();
     let total: usize = parts.iter().map(QuantizedMatrix::rows).sum();
     for n in [1, 4, 5, 9] {
@@ -389,18 +439,18 @@ fn quantized_matmul_fused_over_several_matrices_is_within_each_bound() {
             let mut fused = vec![0f32; n * total];
             QuantizedMatrix::matmul_fused(path, &refs, &acts, &mut fused);
             let mut start = 0;
-            for part in &parts {
+            for (part, mags) in parts.iter().zip(&mags) {
                 let columns: Vec<f32> = (0..n)
                     .flat_map(|i| {
                         fused[i * total + start..i * total + start + part.rows()].to_vec()
                     })
                     .collect();
-                let (w, mags) = (part.dequantize(), magnitudes(part.format(), part.bytes()));
+                let w = part.dequantize();
                 let what = format!(
                     "{path:?}, {n} rows, {} part at column {start}",
                     part.format().name()
                 );
-                check_product(&what, (&w, &mags), &x, &acts, &columns);
+                check_product(&what, (&w, mags), &x, &acts, &columns);
                 start += part.rows();
             }
         }

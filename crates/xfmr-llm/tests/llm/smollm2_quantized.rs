@@ -22,6 +22,7 @@
 //! Ignored without the model, as the other SmolLM2 tests.
 
 use burn::backend::Flex;
+use xfmr_kernels::quant::{BlockFormat, Layout, Path};
 use xfmr_llm::quantized::Activations;
 use xfmr_llm::{LanguageModel, LmWeights, WeightFormat};
 use xfmr_models::generate::HostSteps;
@@ -33,6 +34,29 @@ use crate::smollm2::{fixture, gguf};
 /// Largest absolute difference allowed between the quantised path's last-position logits
 /// and transformers' float32 ones (nats).
 const TOL: f64 = 2.0;
+
+/// The quantised model as `xfmr generate` loads it: the file taken, the blocks of every matrix
+/// laid out for this CPU's fastest products (on AVX-512 VNNI, every one of SmolLM2's `Q4_1`
+/// and `Q8_0` matrices interleaved, checked here; elsewhere none).
+fn quantized_lm() -> LanguageModel<Flex> {
+    let lm = LanguageModel::<Flex>::from_gguf_owned(
+        gguf(),
+        &Default::default(),
+        WeightFormat::Quantized,
+    )
+    .unwrap();
+    let q = lm.quantized_model().expect("quantised weights");
+    let c = &lm.config;
+    let norms = (2 * c.n_layers + 1) * c.d_model * 4;
+    let layout = Layout::fastest(Path::detect(), BlockFormat::Q4_1);
+    eprintln!("SmolLM2's quantised matrices in the {layout:?} layout");
+    let expected = match layout {
+        Layout::Interleaved => q.weight_bytes() - norms,
+        Layout::Rows => 0,
+    };
+    assert_eq!(q.interleaved_bytes(), expected, "{layout:?}");
+    lm
+}
 
 fn top_two_margin(logits: &[f64]) -> (usize, f64) {
     let best = (0..logits.len())
@@ -50,14 +74,12 @@ fn top_two_margin(logits: &[f64]) -> (usize, f64) {
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn quantized_path_follows_transformers_within_the_stated_tolerance() {
-    let g = gguf();
     let device = Default::default();
-    let quantized =
-        LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
+    let quantized = quantized_lm();
     let q = quantized
         .quantized_model()
         .expect("quantised weights for WeightFormat::Quantized");
-    let reference = LanguageModel::<Flex>::from_gguf(&g, &device).unwrap();
+    let reference = LanguageModel::<Flex>::from_gguf(&gguf(), &device).unwrap();
     let f32_model = reference.f32_model().unwrap();
     let fixture = fixture();
     for (k, prompt) in fixture.metadata_strings("prompts").iter().enumerate() {
@@ -125,10 +147,7 @@ fn quantized_path_follows_transformers_within_the_stated_tolerance() {
 #[test]
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn quantized_model_with_f32_products_matches_transformers() {
-    let g = gguf();
-    let device = Default::default();
-    let mut lm =
-        LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
+    let mut lm = quantized_lm();
     // The products in f32 for the whole model: the logits below and `complete`'s tokens.
     lm.model = match lm.model {
         LmWeights::Quantized(q) => LmWeights::Quantized(q.with_activations(Activations::F32)),
@@ -168,9 +187,7 @@ fn quantized_model_with_f32_products_matches_transformers() {
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn quantized_path_takes_long_prompts() {
     let g = gguf();
-    let device = Default::default();
-    let quantized =
-        LanguageModel::<Flex>::from_gguf_with(&g, &device, WeightFormat::Quantized).unwrap();
+    let quantized = quantized_lm();
     let q = quantized
         .quantized_model()
         .expect("quantised weights for WeightFormat::Quantized");

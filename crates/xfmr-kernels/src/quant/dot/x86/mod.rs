@@ -3,7 +3,8 @@
 //! inventory, crates/xfmr-kernels/SAFETY.md). This file: the helpers and the products of
 //! unpacked rows ([`Sub32`]); `blocks.rs`: the rows of `Q4_0`, `Q4_1` and `Q8_0` read in place
 //! (one weight row by one or four activation rows, four weight rows by one); `panel.rs`: four
-//! weight rows by a panel of eight activation rows.
+//! weight rows by a panel of eight activation rows; `interleaved.rs`: sixteen interleaved
+//! weight rows by up to four activation rows.
 
 #[cfg(target_arch = "x86")]
 use std::arch::x86::*;
@@ -14,12 +15,14 @@ use super::ActBlock;
 use crate::quant::formats::Sub32;
 
 mod blocks;
+mod interleaved;
 mod panel;
 
 pub(super) use blocks::{
     blocks4_avx2, blocks4_avx512vnni, blocks4_avxvnni, blocks_avx2, blocks_avx512vnni,
     blocks_avxvnni, rows4_avx2, rows4_avx512vnni, rows4_avxvnni,
 };
+pub(super) use interleaved::group_avx512vnni;
 pub(super) use panel::{panel_avx2, panel_avx512vnni, panel_avxvnni};
 
 /// The little-endian `f16` of two bytes (F16C).

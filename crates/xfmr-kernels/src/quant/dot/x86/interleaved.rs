@@ -1,0 +1,114 @@
+//! Sixteen interleaved weight rows of `Q4_0`, `Q4_1` or `Q8_0` (one group of
+//! [`crate::quant::interleave`]'s layout) times up to four activation rows, on 512-bit
+//! registers: lane `r` of every vector is weight row `r`, so there is no horizontal sum and
+//! the scales of the sixteen rows are one conversion per block.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use crate::quant::dot::ActBlock;
+use crate::quant::formats::BlockFormat;
+use crate::quant::interleave::GROUP;
+
+/// `out[c][r] = Σ_j w_rj·x_cj` for the sixteen rows `r` of one interleaved group (`tiles`, one
+/// tile per block column) and the `R` activation rows `xs[c]`.
+///
+/// Per block and activation row: dword `k` of the activation quants is broadcast and
+/// multiplied by dword `k` of the sixteen rows (`vpdpbusd`, `u8 × i8`, exact `i32` sums);
+/// the sums are scaled by the sixteen rows' `d` times the block's `d_x` (one multiply-add).
+/// The offsets and minimums add `d_x·Σq_x` (the activation block's half sums) times `m`
+/// (`Q4_1`), `−8·d` (`Q4_0`) or `−128·d` (`Q8_0`, whose signed quants are made unsigned by
+/// flipping their top bit, `q + 128`), kept in a second accumulator.
+///
+/// # Safety
+/// The CPU has AVX-512 F, VNNI and VL, FMA and F16C. `tiles` holds `xs[c].len()` tiles of
+/// `16·block_bytes` bytes (asserted, all builds).
+#[target_feature(enable = "avx512f,avx512vnni,avx512vl,avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
+    format: BlockFormat,
+    tiles: &[u8],
+    xs: [&[ActBlock]; R],
+) -> [[f32; GROUP]; R] {
+    let nb = xs.first().map_or(0, |x| x.len());
+    let tile = GROUP * format.block_bytes();
+    assert!(
+        xs.iter().all(|x| x.len() == nb) && tiles.len() == nb * tile,
+        "group_avx512vnni: {} bytes for {nb} blocks of {}",
+        tiles.len(),
+        format.name()
+    );
+    let low = _mm512_set1_epi8(0x0f);
+    let top = _mm512_set1_epi8(-128);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut bias = [_mm512_setzero_ps(); R];
+    // Activation dword `k` of block `a`, broadcast to the sixteen lanes.
+    let dword = |a: &ActBlock, k: usize| {
+        let q = &a.q[4 * k..4 * k + 4];
+        _mm512_set1_epi32(i32::from_le_bytes([
+            q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8,
+        ]))
+    };
+    for i in 0..nb {
+        let t = tiles[i * tile..(i + 1) * tile].as_ptr();
+        // SAFETY (all loads below): `t` starts a tile of `tile` bytes, in bounds (the slice
+        // above); the 32-byte header loads at offsets 0 and 32, the 64-byte quant loads at
+        // `head + 64k`, `k < (block_bytes − head/16)/4`, end within `tile`.
+        let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.cast()));
+        let quants = |head: usize, k: usize| _mm512_loadu_si512(t.add(head + 64 * k).cast());
+        match format {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                let q4_1 = format == BlockFormat::Q4_1;
+                let head = if q4_1 { 64 } else { 32 };
+                let m = if q4_1 {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(t.add(32).cast()))
+                } else {
+                    _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
+                };
+                // Plain loops: `array::map`'s closures need not be inlined here.
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+                for k in 0..4 {
+                    let raw = quants(head, k);
+                    lo[k] = _mm512_and_si512(raw, low);
+                    hi[k] = _mm512_and_si512(_mm512_srli_epi32::<4>(raw), low);
+                }
+                for c in 0..R {
+                    let a = &xs[c][i];
+                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for k in 0..4 {
+                        p0 = _mm512_dpbusd_epi32(p0, lo[k], dword(a, k));
+                        p1 = _mm512_dpbusd_epi32(p1, hi[k], dword(a, 4 + k));
+                    }
+                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
+                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
+                }
+            }
+            _ => {
+                let m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0));
+                let mut w = [_mm512_setzero_si512(); 8];
+                for k in 0..8 {
+                    w[k] = _mm512_xor_si512(quants(32, k), top);
+                }
+                for c in 0..R {
+                    let a = &xs[c][i];
+                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for k in 0..4 {
+                        p0 = _mm512_dpbusd_epi32(p0, w[k], dword(a, k));
+                        p1 = _mm512_dpbusd_epi32(p1, w[4 + k], dword(a, 4 + k));
+                    }
+                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
+                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
+                }
+            }
+        }
+    }
+    let mut out = [[0f32; GROUP]; R];
+    for c in 0..R {
+        // SAFETY: `out[c]` is 16 `f32`s, one unaligned 64-byte store.
+        _mm512_storeu_ps(out[c].as_mut_ptr(), _mm512_add_ps(acc[c], bias[c]));
+    }
+    out
+}
