@@ -114,11 +114,25 @@ fn cached_attention(c: &mut Criterion) {
     let head = |layer: usize, h: usize, contiguous: bool| match contiguous {
         true => {
             let (k, v) = &per_head[layer * kv_heads + h];
-            CachedHead { keys: k, values: v, stride: d_k, offset: 0, d_k, len }
+            CachedHead {
+                keys: k,
+                values: v,
+                stride: d_k,
+                offset: 0,
+                d_k,
+                len,
+            }
         }
         false => {
             let (k, v) = &interleaved[layer];
-            CachedHead { keys: k, values: v, stride: kv_heads * d_k, offset: h * d_k, d_k, len }
+            CachedHead {
+                keys: k,
+                values: v,
+                stride: kv_heads * d_k,
+                offset: h * d_k,
+                d_k,
+                len,
+            }
         }
     };
     let (mut scores, mut out) = (Vec::new(), vec![0f32; group_heads * d_k]);
@@ -132,7 +146,10 @@ fn cached_attention(c: &mut Criterion) {
     });
     // Every head of 30 layers in turn (11.8 MB of keys and values, as a decoding step reads
     // them): each call's cache comes from L3 or memory.
-    for (name, contiguous) in [("streamed_interleaved_heads", false), ("streamed_per_head", true)] {
+    for (name, contiguous) in [
+        ("streamed_interleaved_heads", false),
+        ("streamed_per_head", true),
+    ] {
         let mut at = 0;
         group.bench_function(name, |b| {
             b.iter(|| {

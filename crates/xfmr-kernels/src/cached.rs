@@ -12,11 +12,12 @@
 //!
 //! Tiled for up to four heads at a time: a key row is read once for the heads of the tile
 //! (each head's dot product in eight lanes), and the weighted sum of values runs 64 columns
-//! at a time (then 16) with the tile's sums kept in registers across all positions (instead
-//! of adding into the output in memory once per position), so that each position's values
-//! are read in one pass: a cache streamed from memory (decoding, where the weights evict it
-//! from the caches between layers) costs one pass over its rows, not one per 16 columns. The arithmetic is the plain loops' in
-//! the same order: each dot product sums eight lane-wise partial sums (lane `l` takes columns
+//! at a time (then 16) with the tile's sums kept in local accumulators across all positions
+//! (registers on AVX-512; AVX2's sixteen registers spill some of four heads' 64 columns to
+//! the stack), instead of adding into the output in memory once per position, so that each
+//! position's values are read in one pass: a cache streamed from memory (decoding, where the
+//! weights evict it from the caches between layers) costs one pass over its rows, not one per
+//! 16 columns. The arithmetic is the plain loops' in the same order: each dot product sums eight lane-wise partial sums (lane `l` takes columns
 //! `l, l + 8, …`), then the lanes left to right, then the products of the columns past the last
 //! whole eight (`d_k` not a multiple of 8); each output column sums `p_t · v_t` over
 //! positions in order from zero. The exponentials are [`exp_shifted`]'s. Compiled for
@@ -249,7 +250,7 @@ fn tile<const G: usize>(
     }
     let Some(out) = out else { return };
     // Values: 64 columns at a time (a whole row of a 64-wide head: each position's values
-    // read once, in one pass), then 16, the G heads' sums in registers over all positions.
+    // read once, in one pass), then 16, the G heads' sums kept over all positions.
     let mut c = 0;
     while c + 8 * LANES <= d_k {
         weigh_values::<G, { 8 * LANES }>(head, p, c, out);
@@ -271,7 +272,7 @@ fn tile<const G: usize>(
 }
 
 /// Columns `first..first + W` of the `G` heads' outputs: `Σ_t p_jt · v_t`, positions in order
-/// from zero, the sums in registers over all positions.
+/// from zero, the sums kept in local accumulators over all positions.
 #[inline(always)]
 fn weigh_values<const G: usize, const W: usize>(
     head: CachedHead<'_>,

@@ -36,7 +36,9 @@ pub fn run(data: &[u8]) {
         // takes the file (its blocks interleaved on AVX-512 VNNI).
         let _ = model.attention_weights(&[0]);
         let owned = QuantizedLlama::from_gguf_owned(Gguf::parse(data.to_vec()).unwrap(), 0);
-        let _ = owned.expect("loads as the borrowing model did").attention_weights(&[0]);
+        let _ = owned
+            .expect("loads as the borrowing model did")
+            .attention_weights(&[0]);
     }
     for format in [WeightFormat::F32, WeightFormat::Quantized] {
         let _ = LanguageModel::<NdArray>::from_gguf_with(&gguf, &Default::default(), format);

@@ -132,6 +132,22 @@ impl Scratch {
     }
 }
 
+/// Whether two entries of a tensor directory have one name or overlapping bytes: a file
+/// whose blocks must not be permuted in place (a tensor read twice, or read in ggml's layout
+/// from bytes another one permuted), which [`QuantizedLlama::from_gguf_owned`] then reads as
+/// stored.
+fn shares_bytes(tensors: &[crate::gguf::TensorInfo]) -> bool {
+    let mut names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    let mut ranges: Vec<(usize, usize)> = tensors
+        .iter()
+        .filter(|t| t.size > 0)
+        .map(|t| (t.offset, t.offset + t.size))
+        .collect();
+    ranges.sort_unstable();
+    names.windows(2).any(|w| w[0] == w[1]) || ranges.windows(2).any(|w| w[1].0 < w[0].1)
+}
+
 impl Clone for Scratch {
     fn clone(&self) -> Self {
         Self::default()
@@ -150,8 +166,9 @@ impl QuantizedLlama {
     /// As [`from_gguf`](Self::from_gguf), taking the file: the blocks of every matrix whose
     /// products are faster so ([`Layout::fastest`]: `Q4_0`, `Q4_1` and `Q8_0` on AVX-512
     /// VNNI) are permuted in place into the interleaved layout, once, with no copy (the
-    /// file is read back only through this model afterwards). Elsewhere, or when a matrix
-    /// built from the file is still alive, the blocks stay as stored.
+    /// file is read back only through this model afterwards). Elsewhere, when a matrix built
+    /// from the file is still alive, or when two tensors of the file share a name or bytes,
+    /// the blocks stay as stored.
     ///
     /// # Errors
     /// As [`from_gguf`](Self::from_gguf) (every tensor is checked before any is permuted).
@@ -181,7 +198,8 @@ impl QuantizedLlama {
                 _ => None,
             })
             .collect();
-        let Some(bytes) = gguf.bytes_mut().filter(|_| !picked.is_empty()) else {
+        let permute = !picked.is_empty() && !shares_bytes(&gguf.tensors);
+        let Some(bytes) = gguf.bytes_mut().filter(|_| permute) else {
             return Self::from_gguf(&gguf, pad_id);
         };
         for (_, format, range, [rows, cols]) in &picked {
@@ -191,7 +209,8 @@ impl QuantizedLlama {
         Self::build(&gguf, pad_id, &names)
     }
 
-    /// The model, the tensors `interleaved` names read in [`Layout::Interleaved`].
+    /// The model, the tensors `interleaved` names read in [`Layout::Interleaved`] (each name
+    /// once in the file, its bytes no other tensor's: [`shares_bytes`] is false).
     fn build(gguf: &Gguf, pad_id: u32, interleaved: &[&str]) -> Result<Self, LlmError> {
         let c = LlamaConfig::from_gguf(gguf)?;
         let (d, kv, ff) = (c.d_model, c.n_kv_heads * c.d_k(), c.d_ff);

@@ -23,8 +23,8 @@ use crate::quant::interleave::GROUP;
 /// flipping their top bit, `q + 128`), kept in a second accumulator.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, VNNI and VL, FMA and F16C. `tiles` holds `xs[c].len()` tiles of
-/// `16·block_bytes` bytes (asserted, all builds).
+/// The CPU has AVX-512 F, VNNI and VL, FMA and F16C. `format` is `Q4_0`, `Q4_1` or `Q8_0` and
+/// `tiles` holds `xs[c].len()` tiles of `16·block_bytes` bytes (both asserted, all builds).
 #[target_feature(enable = "avx512f,avx512vnni,avx512vl,avx2,fma,f16c")]
 pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
     format: BlockFormat,
@@ -34,7 +34,9 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
     let nb = xs.first().map_or(0, |x| x.len());
     let tile = GROUP * format.block_bytes();
     assert!(
-        xs.iter().all(|x| x.len() == nb) && tiles.len() == nb * tile,
+        crate::quant::interleave::interleavable(format)
+            && xs.iter().all(|x| x.len() == nb)
+            && tiles.len() == nb * tile,
         "group_avx512vnni: {} bytes for {nb} blocks of {}",
         tiles.len(),
         format.name()
@@ -85,7 +87,7 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
                 }
             }
-            _ => {
+            BlockFormat::Q8_0 => {
                 let m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0));
                 let mut w = [_mm512_setzero_si512(); 8];
                 for k in 0..8 {
@@ -103,6 +105,7 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
                 }
             }
+            _ => unreachable!("asserted above: Q4_0, Q4_1 or Q8_0"),
         }
     }
     let mut out = [[0f32; GROUP]; R];
