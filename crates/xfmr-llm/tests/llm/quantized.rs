@@ -181,25 +181,18 @@ fn every_path(what: &str, matrix: &QuantizedMatrix, w: &[f32], x: &[f32], n: usi
 fn interleaved(matrix: &QuantizedMatrix) -> Option<QuantizedMatrix> {
     assert_eq!(matrix.layout(), Layout::Rows);
     let (format, rows, cols) = (matrix.format(), matrix.rows(), matrix.cols());
-    if !interleavable(format) {
-        let refused = QuantizedMatrix::with_layout(
-            format,
-            matrix.bytes().to_vec(),
-            rows,
-            cols,
-            Layout::Interleaved,
-        );
-        assert!(refused.is_err(), "{format:?} interleaved");
-        return None;
-    }
-    let copy = QuantizedMatrix::with_layout(
+    let made = QuantizedMatrix::with_layout(
         format,
         matrix.bytes().to_vec(),
         rows,
         cols,
         Layout::Interleaved,
-    )
-    .unwrap();
+    );
+    if !interleavable(format) {
+        assert!(made.is_err(), "{format:?} interleaved");
+        return None;
+    }
+    let copy = made.unwrap();
     let w = matrix.dequantize();
     assert_eq!(
         copy.dequantize(),
