@@ -60,7 +60,8 @@ pub fn load_linear_torch<B: Backend>(
     bias: Option<Tensor<B, 1>>,
     expect_bias: Option<bool>,
 ) -> Result<(), AttentionError> {
-    let [d_in, d_out] = linear.weight.dims();
+    // `lazy_shape`: no random initialisation of a weight this replaces.
+    let [d_in, d_out] = linear.weight.lazy_shape().dims::<2>();
     if weight.dims() != [d_out, d_in] {
         return Err(AttentionError::WeightShape {
             name: format!("{name}.weight"),

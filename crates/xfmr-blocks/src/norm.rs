@@ -77,6 +77,18 @@ impl<B: Backend> Norm<B> {
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        #[cfg(feature = "flex")]
+        if xfmr_kernels::runs_on::<B>(x.dtype()) {
+            // On flex (not under autodiff): each row normalised in place while it sits in L1,
+            // instead of the nine whole-tensor operations below (docs/benchmarks.md).
+            return xfmr_kernels::norm(
+                x,
+                self.gamma.val(),
+                self.beta.as_ref().map(Param::val),
+                self.eps,
+                self.kind == NormKind::RmsNorm,
+            );
+        }
         let [batch, seq, d_model] = x.dims();
         let normalised = match self.kind {
             NormKind::LayerNorm => {

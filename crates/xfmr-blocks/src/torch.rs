@@ -224,7 +224,9 @@ impl<'a, B: Backend> StateDictImporter<'a, B> {
     /// The tensor `name` into `param`, with the parameter's shape; the parameter stays
     /// trainable.
     pub fn param<const D: usize>(&mut self, param: &mut Param<Tensor<B, D>>, name: &str) {
-        if let Some(t) = self.take(name, param.dims()) {
+        // `lazy_shape`: the shape without running the parameter's random initialisation,
+        // which the imported tensor replaces (most of loading MiniLM went to sampling it).
+        if let Some(t) = self.take(name, param.lazy_shape().dims::<D>()) {
             // `Param::initialized` inherits `require_grad` from the tensor.
             *param = Param::initialized(param.id, t.require_grad());
         }
@@ -246,7 +248,7 @@ impl<'a, B: Backend> StateDictImporter<'a, B> {
     /// `{name}.weight` (`[out, in]`, transposed into burn's `[in, out]`) and `{name}.bias`
     /// into `linear`.
     pub fn linear(&mut self, linear: &mut Linear<B>, name: &str) {
-        let [d_in, d_out] = linear.weight.dims();
+        let [d_in, d_out] = linear.weight.lazy_shape().dims::<2>();
         let weight = self.take(&format!("{name}.weight"), [d_out, d_in]);
         let bias = match linear.bias.is_some() {
             true => self.take(&format!("{name}.bias"), [d_out]),

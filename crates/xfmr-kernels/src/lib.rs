@@ -11,6 +11,8 @@
 //!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled;
 //! - [`dropout_mask`]: dropout masks from a counter-based hash, in parallel (training);
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
+//! - [`gelu_in_place`]: exact GELU, vectorised;
+//! - [`norm_rows`]: LayerNorm and RMSNorm row by row in place ([`RowNorm`]);
 //! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
 //!   the blocks with `i8`-quantised activations (llama.cpp's scheme);
@@ -22,7 +24,8 @@
 //! **The glue to burn's flex backend** (feature `flex`, which turns on burn with its `flex` and
 //! `autodiff` features; `src/flex/`): `attention` (the whole of `softmax(QKᵀ·s + M + A) V` per
 //! block of query rows), `attention_autodiff` (the same as one operation of `Autodiff<Flex>`'s
-//! graph, with a backward kernel of its own), `gelu` (exact GELU, vectorised), and the checks
+//! graph, with a backward kernel of its own), `gelu` (exact GELU) and `norm` (LayerNorm and
+//! RMSNorm) over the host kernels above, and the checks
 //! generic code asks first: `runs_on::<B>(dtype)` (`Flex` itself, f32) and
 //! `runs_on_autodiff::<B>(dtype)` (`Autodiff<Flex>`, f32). Callers take burn's generic path
 //! where they do not hold; the kernels assert them again in debug builds.
@@ -48,8 +51,10 @@ mod dropout;
 mod exp;
 #[cfg(feature = "flex")]
 mod flex;
+mod gelu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
+mod norm;
 pub mod quant;
 mod silu;
 
@@ -57,7 +62,9 @@ pub use cached::{attend_cached, cached_probabilities, CachedHead};
 pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
-pub use flex::{attention, attention_autodiff, gelu, runs_on, runs_on_autodiff};
+pub use flex::{attention, attention_autodiff, gelu, norm, runs_on, runs_on_autodiff};
+pub use gelu::gelu_in_place;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use gpu::{gpu_attention_autodiff, runs_on_gpu_autodiff};
+pub use norm::{norm_rows, RowNorm};
 pub use silu::silu_mul;

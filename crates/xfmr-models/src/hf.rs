@@ -124,7 +124,8 @@ pub fn load_bert<B: Backend>(
     } else {
         ""
     };
-    let device = model.token_embedding.weight.device();
+    // `lazy_device`: no random initialisation of a table the import replaces.
+    let device = model.token_embedding.weight.lazy_device();
     let mut imp = StateDictImporter::<B>::new(dict, device);
     // Not parameters: a position-index buffer and a copy of the tied word embeddings.
     imp.ignore("embeddings.position_ids");

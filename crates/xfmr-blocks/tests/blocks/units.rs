@@ -294,6 +294,77 @@ fn exact_gelu_on_flex_takes_the_kernel() {
     );
 }
 
+/// `Norm::forward` on flex takes the row kernel (`xfmr_kernels::norm`, tested against f64
+/// formulas in xfmr-kernels), bit for bit, for LayerNorm (MiniLM's ε, γ and β set) and RMSNorm;
+/// it agrees with the nine-operation composition (on ndarray) within 2e-6 absolute plus 2e-6
+/// relative (the two sum in different orders), and differs from it somewhere (the proof of the
+/// path). Compiled only with this crate's `flex` feature; `.ci/run` fails when it did not run.
+#[cfg(feature = "flex")]
+#[test]
+fn norm_on_flex_takes_the_kernel() {
+    use burn::backend::{Flex, NdArray};
+    use burn::module::Param;
+    use burn::tensor::{backend::Backend, Tensor};
+    use xfmr_blocks::{Norm, NormConfig, NormKind};
+
+    let (batch, seq, d) = (2, 5, 384);
+    let xs: Vec<f32> = (0..batch * seq * d)
+        .map(|i| ((i * 7_919 % 1_013) as f32 - 506.0) * 0.013 + (i / d) as f32 * 0.5)
+        .collect();
+    let gammas: Vec<f32> = (0..d).map(|j| 0.5 + (j % 7) as f32 * 0.25).collect();
+    let betas: Vec<f32> = (0..d).map(|j| (j % 5) as f32 * 0.1 - 0.2).collect();
+    fn norm<B: Backend>(kind: NormKind, gammas: &[f32], betas: &[f32]) -> Norm<B> {
+        let device = Default::default();
+        let mut n = NormConfig::new(gammas.len())
+            .with_kind(kind)
+            .with_eps(1e-12)
+            .init::<B>(&device)
+            .unwrap();
+        n.gamma = Param::from_tensor(Tensor::from_floats(gammas, &device));
+        if n.beta.is_some() {
+            n.beta = Some(Param::from_tensor(Tensor::from_floats(betas, &device)));
+        }
+        n
+    }
+    fn input<B: Backend>(xs: &[f32], shape: [usize; 3]) -> Tensor<B, 3> {
+        Tensor::<B, 1>::from_floats(xs, &Default::default()).reshape(shape)
+    }
+    for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
+        let flex = norm::<Flex>(kind, &gammas, &betas);
+        let ours: Vec<f32> = flex
+            .forward(input::<Flex>(&xs, [batch, seq, d]))
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let kernel: Vec<f32> = xfmr_kernels::norm(
+            input::<Flex>(&xs, [batch, seq, d]),
+            flex.gamma.val(),
+            flex.beta.as_ref().map(Param::val),
+            1e-12,
+            kind == NormKind::RmsNorm,
+        )
+        .into_data()
+        .to_vec()
+        .unwrap();
+        assert_eq!(ours, kernel, "{kind:?} on flex is not the kernel");
+        let composed: Vec<f32> = norm::<NdArray>(kind, &gammas, &betas)
+            .forward(input::<NdArray>(&xs, [batch, seq, d]))
+            .into_data()
+            .to_vec()
+            .unwrap();
+        for (i, (a, b)) in ours.iter().zip(&composed).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-6 + 2e-6 * b.abs(),
+                "{kind:?} element {i}: kernel {a}, composition {b}"
+            );
+        }
+        assert_ne!(
+            ours, composed,
+            "{kind:?}: the kernel and the composition agree bit for bit: no proof of the path"
+        );
+    }
+}
+
 /// `xfmr_blocks::dropout` under `Autodiff<Flex>` takes xfmr's mask (`xfmr_kernels::dropout_mask`)
 /// and keeps burn's law: every output is 0 or `x/(1−p)`; the dropped fraction is within 5σ of
 /// `p` (binomial); the gradient of `sum(dropout(x))` is the mask itself (`1/(1−p)` where kept, 0

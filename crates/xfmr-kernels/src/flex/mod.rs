@@ -5,7 +5,8 @@
 //!   multi-head attention's strided head views in place;
 //! - [`attention_autodiff`]: the same as one operation of `Autodiff<Flex>`'s graph, with a
 //!   backward kernel of its own (training on the CPU);
-//! - [`gelu`]: exact GELU on flex tensors, vectorised.
+//! - [`gelu`]: exact GELU on flex tensors, vectorised;
+//! - [`norm`]: LayerNorm and RMSNorm over the last dimension, one row at a time.
 //!
 //! They run only where [`runs_on`] holds: the `burn::backend::Flex` backend itself (not under
 //! `Autodiff`) with f32 tensors; [`attention_autodiff`] only where [`runs_on_autodiff`] holds
@@ -22,10 +23,12 @@ use burn::tensor::DType;
 mod attention;
 mod attention_autodiff;
 mod gelu;
+mod norm;
 
 pub use attention::attention;
 pub use attention_autodiff::{attention_autodiff, runs_on_autodiff};
 pub use gelu::gelu;
+pub use norm::norm;
 
 /// Whether the kernels run on backend `B` for tensors of `dtype`: the `flex` backend itself
 /// (not under `Autodiff`, whose tensors are another type), f32.
