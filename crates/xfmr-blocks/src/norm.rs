@@ -77,10 +77,19 @@ impl<B: Backend> Norm<B> {
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        // On flex (not under autodiff), f32 throughout: each row normalised in place while it
+        // sits in L1, instead of the nine whole-tensor operations below (docs/benchmarks-log.md,
+        // the Zen 5 section). Not for an RMSNorm given a β (a public field), which the kernel
+        // does not add.
         #[cfg(feature = "flex")]
-        if xfmr_kernels::runs_on::<B>(x.dtype()) {
-            // On flex (not under autodiff): each row normalised in place while it sits in L1,
-            // instead of the nine whole-tensor operations below (docs/benchmarks.md).
+        if xfmr_kernels::runs_on::<B>(x.dtype())
+            && xfmr_kernels::runs_on::<B>(self.gamma.dtype())
+            && self
+                .beta
+                .as_ref()
+                .is_none_or(|b| xfmr_kernels::runs_on::<B>(b.dtype()))
+            && (self.kind == NormKind::LayerNorm || self.beta.is_none())
+        {
             return xfmr_kernels::norm(
                 x,
                 self.gamma.val(),

@@ -11,7 +11,7 @@ use crate::exp::exp_nonpositive;
 /// at run time) from the same portable code: the same operations in the same order on every
 /// level, so the result does not depend on the CPU. The portable copy alone ran on 128-bit
 /// registers (the baseline x86-64 target), a tenth of MiniLM's embedding time on Zen 5
-/// (docs/benchmarks.md).
+/// (docs/benchmarks-log.md).
 pub fn gelu_in_place(values: &mut [f32]) {
     gelu_on(FloatLevel::detect(), values);
 }

@@ -296,7 +296,8 @@ pub fn load_weights<B: Backend>(
     mut model: DecoderOnly<B>,
     dict: &StateDict,
 ) -> Result<DecoderOnly<B>, LlmError> {
-    let device = model.embedding.weight.device();
+    // `lazy_device`: no random initialisation of the tables the import replaces.
+    let device = model.embedding.weight.lazy_device();
     let mut imp = StateDictImporter::<B>::new(dict, device);
     imp.param(&mut model.embedding.weight, "token_embd.weight");
     for (i, layer) in model.stack.layers.iter_mut().enumerate() {

@@ -298,7 +298,8 @@ fn exact_gelu_on_flex_takes_the_kernel() {
 /// formulas in xfmr-kernels), bit for bit, for LayerNorm (MiniLM's ε, γ and β set) and RMSNorm;
 /// it agrees with the nine-operation composition (on ndarray) within 2e-6 absolute plus 2e-6
 /// relative (the two sum in different orders), and differs from it somewhere (the proof of the
-/// path). Compiled only with this crate's `flex` feature; `.ci/run` fails when it did not run.
+/// path); an RMSNorm given a β keeps burn's path. Compiled only with this crate's `flex`
+/// feature; `.ci/run` fails when it did not run.
 #[cfg(feature = "flex")]
 #[test]
 fn norm_on_flex_takes_the_kernel() {
@@ -361,6 +362,36 @@ fn norm_on_flex_takes_the_kernel() {
         assert_ne!(
             ours, composed,
             "{kind:?}: the kernel and the composition agree bit for bit: no proof of the path"
+        );
+    }
+    // An RMSNorm given a β (a public field; `init` never makes one) keeps burn's path, which
+    // adds it: flex agrees with ndarray within the same bound.
+    let with_beta = |n: Norm<Flex>| Norm {
+        beta: Some(Param::from_tensor(Tensor::from_floats(
+            betas.as_slice(),
+            &Default::default(),
+        ))),
+        ..n
+    };
+    let flex: Vec<f32> = with_beta(norm::<Flex>(NormKind::RmsNorm, &gammas, &betas))
+        .forward(input::<Flex>(&xs, [batch, seq, d]))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let mut nd = norm::<NdArray>(NormKind::RmsNorm, &gammas, &betas);
+    nd.beta = Some(Param::from_tensor(Tensor::from_floats(
+        betas.as_slice(),
+        &Default::default(),
+    )));
+    let composed: Vec<f32> = nd
+        .forward(input::<NdArray>(&xs, [batch, seq, d]))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    for (i, (a, b)) in flex.iter().zip(&composed).enumerate() {
+        assert!(
+            (a - b).abs() <= 2e-6 + 2e-6 * b.abs(),
+            "RMSNorm with β, element {i}: flex {a}, ndarray {b}"
         );
     }
 }

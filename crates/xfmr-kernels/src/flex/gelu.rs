@@ -1,7 +1,7 @@
 //! Exact GELU on flex tensors: [`gelu_in_place`](crate::gelu_in_place) over parallel chunks.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
 /// Elements per parallel task.
@@ -27,7 +27,7 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
         .expect("runs_on: an f32 tensor")
         .par_chunks_mut(CHUNK)
         .for_each(crate::gelu::gelu_in_place);
-    Tensor::from_data(data, &device)
+    Tensor::from_data(data, (&device, DType::F32))
 }
 
 #[cfg(test)]

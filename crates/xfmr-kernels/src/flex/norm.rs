@@ -2,7 +2,7 @@
 //! of rows.
 
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
 use crate::norm::{norm_rows, RowNorm};
@@ -33,7 +33,9 @@ pub fn norm<B: Backend, const D: usize>(
     rms: bool,
 ) -> Tensor<B, D> {
     debug_assert!(
-        crate::runs_on::<B>(x.dtype()) && crate::runs_on::<B>(gamma.dtype()),
+        crate::runs_on::<B>(x.dtype())
+            && crate::runs_on::<B>(gamma.dtype())
+            && beta.as_ref().is_none_or(|b| crate::runs_on::<B>(b.dtype())),
         "xfmr_kernels::norm: not flex f32 tensors"
     );
     let device = x.device();
@@ -59,5 +61,5 @@ pub fn norm<B: Backend, const D: usize>(
         .expect("runs_on: an f32 tensor")
         .par_chunks_mut(rows_per_task * width.max(1))
         .for_each(|rows| norm_rows(rows, &gamma, norm, eps as f32));
-    Tensor::from_data(data, &device)
+    Tensor::from_data(data, (&device, DType::F32))
 }
