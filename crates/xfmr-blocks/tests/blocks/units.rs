@@ -314,7 +314,9 @@ fn norm_on_flex_takes_the_kernel() {
         .collect();
     let gammas: Vec<f32> = (0..d).map(|j| 0.5 + (j % 7) as f32 * 0.25).collect();
     let betas: Vec<f32> = (0..d).map(|j| (j % 5) as f32 * 0.1 - 0.2).collect();
-    fn norm<B: Backend>(kind: NormKind, gammas: &[f32], betas: &[f32]) -> Norm<B> {
+    // A norm with these γ and β; with `beta`, also for an RMSNorm (a public field that `init`
+    // never sets for one).
+    fn norm<B: Backend>(kind: NormKind, gammas: &[f32], betas: Option<&[f32]>) -> Norm<B> {
         let device = Default::default();
         let mut n = NormConfig::new(gammas.len())
             .with_kind(kind)
@@ -322,23 +324,30 @@ fn norm_on_flex_takes_the_kernel() {
             .init::<B>(&device)
             .unwrap();
         n.gamma = Param::from_tensor(Tensor::from_floats(gammas, &device));
-        if n.beta.is_some() {
-            n.beta = Some(Param::from_tensor(Tensor::from_floats(betas, &device)));
-        }
+        n.beta = betas.map(|b| Param::from_tensor(Tensor::from_floats(b, &device)));
         n
     }
-    fn input<B: Backend>(xs: &[f32], shape: [usize; 3]) -> Tensor<B, 3> {
-        Tensor::<B, 1>::from_floats(xs, &Default::default()).reshape(shape)
-    }
-    for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
-        let flex = norm::<Flex>(kind, &gammas, &betas);
-        let ours: Vec<f32> = flex
-            .forward(input::<Flex>(&xs, [batch, seq, d]))
+    fn forward<B: Backend>(n: &Norm<B>, xs: &[f32], shape: [usize; 3]) -> Vec<f32> {
+        n.forward(Tensor::<B, 1>::from_floats(xs, &Default::default()).reshape(shape))
             .into_data()
             .to_vec()
-            .unwrap();
+            .unwrap()
+    }
+    fn assert_close(what: &str, got: &[f32], want: &[f32]) {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-6 + 2e-6 * b.abs(),
+                "{what} element {i}: flex {a}, ndarray {b}"
+            );
+        }
+    }
+    let shape = [batch, seq, d];
+    for kind in [NormKind::LayerNorm, NormKind::RmsNorm] {
+        let beta = (kind == NormKind::LayerNorm).then_some(betas.as_slice());
+        let flex = norm::<Flex>(kind, &gammas, beta);
+        let ours = forward::<Flex>(&flex, &xs, shape);
         let kernel: Vec<f32> = xfmr_kernels::norm(
-            input::<Flex>(&xs, [batch, seq, d]),
+            Tensor::<Flex, 1>::from_floats(xs.as_slice(), &Default::default()).reshape(shape),
             flex.gamma.val(),
             flex.beta.as_ref().map(Param::val),
             1e-12,
@@ -348,52 +357,21 @@ fn norm_on_flex_takes_the_kernel() {
         .to_vec()
         .unwrap();
         assert_eq!(ours, kernel, "{kind:?} on flex is not the kernel");
-        let composed: Vec<f32> = norm::<NdArray>(kind, &gammas, &betas)
-            .forward(input::<NdArray>(&xs, [batch, seq, d]))
-            .into_data()
-            .to_vec()
-            .unwrap();
-        for (i, (a, b)) in ours.iter().zip(&composed).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-6 + 2e-6 * b.abs(),
-                "{kind:?} element {i}: kernel {a}, composition {b}"
-            );
-        }
+        let composed = forward::<NdArray>(&norm(kind, &gammas, beta), &xs, shape);
+        assert_close(&format!("{kind:?}"), &ours, &composed);
         assert_ne!(
             ours, composed,
             "{kind:?}: the kernel and the composition agree bit for bit: no proof of the path"
         );
     }
-    // An RMSNorm given a β (a public field; `init` never makes one) keeps burn's path, which
-    // adds it: flex agrees with ndarray within the same bound.
-    let with_beta = |n: Norm<Flex>| Norm {
-        beta: Some(Param::from_tensor(Tensor::from_floats(
-            betas.as_slice(),
-            &Default::default(),
-        ))),
-        ..n
-    };
-    let flex: Vec<f32> = with_beta(norm::<Flex>(NormKind::RmsNorm, &gammas, &betas))
-        .forward(input::<Flex>(&xs, [batch, seq, d]))
-        .into_data()
-        .to_vec()
-        .unwrap();
-    let mut nd = norm::<NdArray>(NormKind::RmsNorm, &gammas, &betas);
-    nd.beta = Some(Param::from_tensor(Tensor::from_floats(
-        betas.as_slice(),
-        &Default::default(),
-    )));
-    let composed: Vec<f32> = nd
-        .forward(input::<NdArray>(&xs, [batch, seq, d]))
-        .into_data()
-        .to_vec()
-        .unwrap();
-    for (i, (a, b)) in flex.iter().zip(&composed).enumerate() {
-        assert!(
-            (a - b).abs() <= 2e-6 + 2e-6 * b.abs(),
-            "RMSNorm with β, element {i}: flex {a}, ndarray {b}"
-        );
-    }
+    // An RMSNorm given a β keeps burn's path, which adds it: flex agrees with ndarray within
+    // the same bound.
+    let beta = Some(betas.as_slice());
+    assert_close(
+        "RMSNorm with β",
+        &forward::<Flex>(&norm(NormKind::RmsNorm, &gammas, beta), &xs, shape),
+        &forward::<NdArray>(&norm(NormKind::RmsNorm, &gammas, beta), &xs, shape),
+    );
 }
 
 /// `xfmr_blocks::dropout` under `Autodiff<Flex>` takes xfmr's mask (`xfmr_kernels::dropout_mask`)
