@@ -127,10 +127,18 @@ impl<B: Backend> FeedForward<B> {
 /// burn 0.21's `gelu` computes this forward, but its default backward is the derivative of the
 /// *tanh approximation*: gradients through it are off by up to ~1e-3 relative (caught by the
 /// `nn.Transformer` gradient parity test). Under autodiff the function is therefore composed from
-/// `erf`, whose backward is exact; without autodiff burn's single operation is used, or on the
-/// `flex` backend (feature `flex`) a vectorised host kernel whose `erf` is Abramowitz and
-/// Stegun's 7.1.26 (absolute error ≤ 1.5e-7, as PyTorch's vectorised CPU `erf`).
+/// `erf`, whose backward is exact; without autodiff burn's single operation is used. On the
+/// `flex` backend (feature `flex`) a vectorised host kernel runs instead, whose `erf` is
+/// Abramowitz and Stegun's 7.1.26 (absolute error ≤ 1.5e-7, as PyTorch's vectorised CPU
+/// `erf`): on `Flex` itself, and on `Autodiff<Flex>` as one operation of the graph whose
+/// backward is the exact derivative `Φ(x) + x φ(x)` in one pass (the composition's forward
+/// and backward make about sixteen whole-tensor passes; libm's scalar `erff` alone was 6% of a
+/// GPT-like training step on the CPU: docs/training.md).
 pub fn exact_gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(feature = "flex")]
+    if xfmr_kernels::runs_on_autodiff::<B>(x.dtype()) {
+        return xfmr_kernels::gelu_autodiff(x);
+    }
     if B::ad_enabled(&x.device()) {
         let cdf = x
             .clone()

@@ -23,7 +23,7 @@ pub fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
 
 /// [`exp_shifted`] on `level`, which must be available (asserted in all builds).
 #[allow(unsafe_code)]
-fn exp_shifted_on(level: FloatLevel, row: &mut [f32], max: f32) -> f32 {
+pub(crate) fn exp_shifted_on(level: FloatLevel, row: &mut [f32], max: f32) -> f32 {
     debug_assert!(
         row.iter().all(|&x| x <= max || x.is_nan()),
         "exp_shifted: {max} is not the row's maximum"

@@ -1,9 +1,9 @@
 //! # xfmr-kernels
 //!
-//! xfmr's own host kernels, in one internal crate below `xfmr-attention` and `xfmr-blocks`
-//! (their `flex` feature pulls it in, with its own `flex`) and `xfmr-llm` (the quantised
-//! products, the cached attention, SwiGLU's gate; no feature); nothing else should depend on
-//! it. Two parts:
+//! xfmr's own host kernels, in one internal crate below `xfmr-attention`, `xfmr-blocks` and
+//! `xfmr-models` (their `flex` feature pulls it in, with its own `flex`) and `xfmr-llm` (the
+//! quantised products, the cached attention, SwiGLU's gate; no feature); nothing else should
+//! depend on it. Two parts:
 //!
 //! **Host kernels on plain slices**, which need no burn (always built):
 //!
@@ -11,7 +11,10 @@
 //!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled;
 //! - [`dropout_mask`]: dropout masks from a counter-based hash, in parallel (training);
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
-//! - [`gelu_in_place`]: exact GELU, vectorised;
+//! - [`gelu_in_place`]: exact GELU, vectorised, and [`gelu_backward_in_place`], its derivative
+//!   times an incoming gradient (training);
+//! - [`smoothed_cross_entropy_row`]: the label-smoothed cross-entropy of one row of logits and
+//!   its gradient in closed form, in place ([`Smoothing`]; training);
 //! - [`norm_rows`]: LayerNorm and RMSNorm row by row in place ([`RowNorm`]);
 //! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
@@ -24,8 +27,10 @@
 //! **The glue to burn's flex backend** (feature `flex`, which turns on burn with its `flex` and
 //! `autodiff` features; `src/flex/`): `attention` (the whole of `softmax(QKᵀ·s + M + A) V` per
 //! block of query rows), `attention_autodiff` (the same as one operation of `Autodiff<Flex>`'s
-//! graph, with a backward kernel of its own), `gelu` (exact GELU) and `norm` (LayerNorm and
-//! RMSNorm) over the host kernels above, and the checks
+//! graph, with a backward kernel of its own), `gelu` (exact GELU) and `gelu_autodiff` (the same
+//! as one operation of the graph), `smoothed_cross_entropy` (the training loss, one operation
+//! of the graph under autodiff) and `norm` (LayerNorm and RMSNorm) over the host kernels above,
+//! and the checks
 //! generic code asks first: `runs_on::<B>(dtype)` (`Flex` itself, f32) and
 //! `runs_on_autodiff::<B>(dtype)` (`Autodiff<Flex>`, f32). Callers take burn's generic path
 //! where they do not hold; the kernels assert them again in debug builds.
@@ -54,6 +59,7 @@ mod flex;
 mod gelu;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod gpu;
+mod loss;
 mod norm;
 pub mod quant;
 mod silu;
@@ -62,9 +68,13 @@ pub use cached::{attend_cached, cached_probabilities, CachedHead};
 pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
-pub use flex::{attention, attention_autodiff, gelu, norm, runs_on, runs_on_autodiff};
-pub use gelu::gelu_in_place;
+pub use flex::{
+    attention, attention_autodiff, gelu, gelu_autodiff, norm, runs_on, runs_on_autodiff,
+    smoothed_cross_entropy, SmoothedCrossEntropy,
+};
+pub use gelu::{gelu_backward_in_place, gelu_in_place};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use gpu::{gpu_attention_autodiff, runs_on_gpu_autodiff};
+pub use loss::{smoothed_cross_entropy_row, Smoothing};
 pub use norm::{norm_rows, RowNorm};
 pub use silu::silu_mul;

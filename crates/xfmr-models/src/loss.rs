@@ -26,7 +26,12 @@
 //! (`tests/models/loss.rs`), for both masses. Only first derivatives are right: nothing
 //! differentiates the closed form again. With the feature `autodiff`,
 //! `LabelSmoothedCrossEntropy::forward_autodiff` goes further on `Autodiff<I>`: the loss is one
-//! node of the graph, computed on `I`, whose backward is that closed form (`loss_op.rs`).
+//! node of the graph, computed on `I`, whose backward is that closed form (`loss_op.rs`). With
+//! the feature `flex`, on burn's flex backend and on `Autodiff<Flex>` (the CPU trainer's) both
+//! take xfmr's host kernel instead (`xfmr_kernels::smoothed_cross_entropy`): each row of logits
+//! read once while it is in cache, the gradient written over the logits' own buffer and kept as
+//! the graph node's state, where the tensor formula makes about a dozen passes over the
+//! `[tokens, V]` logits.
 
 use burn::config::Config;
 use burn::tensor::{backend::Backend, ElementConversion, IndexingUpdateOp, Int, Tensor};
@@ -123,7 +128,8 @@ impl LabelSmoothedCrossEntropy {
     ///
     /// # Panics
     /// If the shapes disagree; with [`SmoothingMass::NonPadding`], if `vocab < 3` or
-    /// `pad_id >= vocab` (the smoothing set would be empty or the padding column missing).
+    /// `pad_id >= vocab` (the smoothing set would be empty or the padding column missing); on
+    /// flex (feature `flex`), if a target is negative or neither padding nor below `vocab`.
     pub fn forward<B: Backend>(
         &self,
         logits: Tensor<B, 3>,
@@ -133,6 +139,12 @@ impl LabelSmoothedCrossEntropy {
         self.check(&logits.dims(), &targets.dims());
         let device = logits.device();
         let logits = logits.reshape([batch * seq, vocab]);
+        #[cfg(feature = "flex")]
+        if xfmr_kernels::runs_on::<B>(logits.dtype())
+            || xfmr_kernels::runs_on_autodiff::<B>(logits.dtype())
+        {
+            return self.forward_flex(logits, targets);
+        }
         // Every statistic below is computed outside the autodiff graph; the graph gets one
         // product whose gradient is the closed form (see `with_gradient`).
         let rows = self.rows(logits.clone().detach(), targets.reshape([batch * seq, 1]));
@@ -144,6 +156,37 @@ impl LabelSmoothedCrossEntropy {
             loss: with_gradient(loss, logits, self.gradient(rows)),
             nll,
             tokens,
+        }
+    }
+
+    /// [`forward`](Self::forward) through xfmr's host kernel on `Flex` or `Autodiff<Flex>`
+    /// (f32): the same loss, NLL and gradient up to f32 rounding (`loss_on_flex_*` tests).
+    #[cfg(feature = "flex")]
+    fn forward_flex<B: Backend>(
+        &self,
+        logits: Tensor<B, 2>,
+        targets: Tensor<B, 2, Int>,
+    ) -> SmoothedLoss<B> {
+        let device = logits.device();
+        let ids: Vec<u32> = targets
+            .into_data()
+            .iter::<i64>()
+            .map(|id| {
+                u32::try_from(id).unwrap_or_else(|_| {
+                    panic!("LabelSmoothedCrossEntropy: target id {id} is not a token id")
+                })
+            })
+            .collect();
+        let smoothing = xfmr_kernels::Smoothing {
+            pad: self.pad_id,
+            epsilon: self.epsilon as f32,
+            excludes_target_and_pad: self.mass == SmoothingMass::NonPadding,
+        };
+        let out = xfmr_kernels::smoothed_cross_entropy(logits, &ids, smoothing);
+        SmoothedLoss {
+            loss: out.loss,
+            nll: Tensor::from_floats([out.nll as f32], &device),
+            tokens: out.tokens,
         }
     }
 

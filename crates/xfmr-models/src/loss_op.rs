@@ -37,8 +37,9 @@ impl LabelSmoothedCrossEntropy {
     /// whose backward is the closed form `∂L/∂z = w · (softmax(z) − q)` (see `loss_op.rs`):
     /// one operation forward and one backward instead of the generic path's statistics and
     /// surrogate product. `B` is `Autodiff<I>` for any inner backend `I` (burn's default
-    /// checkpointing); any other autodiff backend takes [`forward`](Self::forward). Values
-    /// and gradients equal `forward`'s up to float rounding.
+    /// checkpointing); any other autodiff backend takes [`forward`](Self::forward), and so
+    /// does `Autodiff<Flex>` with the feature `flex` (its `forward` is the host kernel's one
+    /// node). Values and gradients equal `forward`'s up to float rounding.
     ///
     /// # Shapes
     /// - `logits`: `[batch, seq, vocab]`; `targets`: `[batch, seq]`
@@ -51,6 +52,11 @@ impl LabelSmoothedCrossEntropy {
         targets: Tensor<B, 2, Int>,
     ) -> SmoothedLoss<B> {
         if TypeId::of::<B>() != TypeId::of::<Autodiff<B::InnerBackend>>() {
+            return self.forward(logits, targets);
+        }
+        // On Autodiff<Flex> `forward` takes the host kernel, itself one node of the graph.
+        #[cfg(feature = "flex")]
+        if xfmr_kernels::runs_on_autodiff::<B>(logits.dtype()) {
             return self.forward(logits, targets);
         }
         self.check(&logits.dims(), &targets.dims());

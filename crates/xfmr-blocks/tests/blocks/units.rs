@@ -294,6 +294,55 @@ fn exact_gelu_on_flex_takes_the_kernel() {
     );
 }
 
+/// `exact_gelu` on `Autodiff<Flex>` is the kernel's operation: its value is
+/// `xfmr_kernels::gelu`'s bit for bit, its gradient `xfmr_kernels::gelu_backward_in_place`'s
+/// bit for bit (the proof of the path), and that gradient is within 1e-6 absolute of the
+/// composed exact path's on `Autodiff<NdArray>` (libm's `erf`; the kernel's is within
+/// 1.5e-7), for an incoming gradient that is not 1. Compiled only with this crate's `flex`
+/// feature; `.ci/run` fails when the test did not run.
+#[cfg(feature = "flex")]
+#[test]
+fn exact_gelu_on_autodiff_flex_takes_the_kernel() {
+    use burn::backend::{Autodiff, Flex, NdArray};
+    use xfmr_blocks::exact_gelu;
+
+    let xs: Vec<f32> = (-3_000..3_000).map(|i| i as f32 * 2e-3).collect();
+    let ws: Vec<f32> = (0..xs.len()).map(|i| (i % 17) as f32 * 0.1 - 0.7).collect();
+    fn run<B: burn::tensor::backend::AutodiffBackend>(xs: &[f32], ws: &[f32]) -> [Vec<f32>; 2] {
+        let device = B::Device::default();
+        let x = Tensor::<B, 1>::from_floats(xs, &device).require_grad();
+        let y = exact_gelu(x.clone().reshape([3, xs.len() / 3]));
+        let w = Tensor::<B, 1>::from_floats(ws, &device).reshape([3, xs.len() / 3]);
+        let grads = (y.clone() * w).sum().backward();
+        let grad = x.grad(&grads).expect("x is tracked");
+        let values = |t: Tensor<B::InnerBackend, 1>| t.into_data().to_vec::<f32>().unwrap();
+        [values(y.inner().reshape([xs.len()])), values(grad)]
+    }
+    let [value, grad] = run::<Autodiff<Flex>>(&xs, &ws);
+    let kernel: Vec<f32> = xfmr_kernels::gelu(Tensor::<Flex, 1>::from_floats(
+        xs.as_slice(),
+        &Default::default(),
+    ))
+    .into_data()
+    .to_vec()
+    .unwrap();
+    assert_eq!(
+        value, kernel,
+        "exact_gelu on Autodiff<Flex> is not the kernel"
+    );
+    let mut kernel_grad = ws.clone();
+    xfmr_kernels::gelu_backward_in_place(&xs, &mut kernel_grad);
+    assert_eq!(grad, kernel_grad, "the gradient is not the kernel's");
+    let [_, composed] = run::<Autodiff<NdArray>>(&xs, &ws);
+    for (i, (a, b)) in grad.iter().zip(&composed).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6,
+            "∂/∂x at x = {}: the kernel {a}, the composed path {b}",
+            xs[i]
+        );
+    }
+}
+
 /// `Norm::forward` on flex takes the row kernel (`xfmr_kernels::norm`, tested against f64
 /// formulas in xfmr-kernels), bit for bit, for LayerNorm (MiniLM's ε, γ and β set) and RMSNorm;
 /// it agrees with the nine-operation composition (on ndarray) within 2e-6 absolute plus 2e-6

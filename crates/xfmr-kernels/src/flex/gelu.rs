@@ -1,8 +1,19 @@
-//! Exact GELU on flex tensors: [`gelu_in_place`](crate::gelu_in_place) over parallel chunks.
+//! Exact GELU on flex tensors: [`gelu_in_place`](crate::gelu_in_place) over parallel chunks
+//! ([`gelu`]), and under `Autodiff<Flex>` as one operation of the graph whose backward is
+//! [`gelu_backward_in_place`](crate::gelu_backward_in_place) ([`gelu_autodiff`]).
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor};
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::{Flex, FlexTensor};
+use burn::backend::Autodiff;
+use burn::tensor::backend::{Backend, BackendTypes};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use rayon::prelude::*;
+
+use super::{contiguous, same};
+use crate::gelu::{gelu_backward_in_place, gelu_in_place};
 
 /// Elements per parallel task.
 const CHUNK: usize = 16 * 1024;
@@ -26,8 +37,71 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     data.as_mut_slice::<f32>()
         .expect("runs_on: an f32 tensor")
         .par_chunks_mut(CHUNK)
-        .for_each(crate::gelu::gelu_in_place);
+        .for_each(gelu_in_place);
     Tensor::from_data(data, (&device, DType::F32))
+}
+
+/// Its float tensor under autodiff: the flex tensor and its node in the graph.
+type AutodiffTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
+
+/// Exact GELU as one differentiable operation of `Autodiff<Flex>`: the forward of [`gelu`]
+/// into a new buffer (the input is the backward pass's state), the backward
+/// `∂ℓ/∂x = ∂ℓ/∂y · (Φ(x) + x φ(x))` in one pass over the incoming gradient's buffer
+/// ([`gelu_backward_in_place`](crate::gelu_backward_in_place)). burn's autodiff of the composed
+/// `x · ½(1 + erf(x/√2))` (the exact gradient; burn's own `gelu` backward is the tanh
+/// approximation's) makes four whole-tensor passes forward and about a dozen backward, with a
+/// scalar libm `erff` and `expf` per element.
+///
+/// Only where [`runs_on_autodiff`](crate::runs_on_autodiff) holds for `x` (asserted in debug
+/// builds).
+///
+/// # Shapes
+/// Any; the output has the input's shape.
+pub fn gelu_autodiff<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
+    debug_assert!(
+        crate::runs_on_autodiff::<B>(x.dtype()),
+        "xfmr_kernels::gelu_autodiff: not an Autodiff<Flex> f32 tensor"
+    );
+    let tensor: AutodiffTensor = same(x.into_primitive().tensor());
+    let input = contiguous(tensor.primitive.clone());
+    let shape = input.layout().shape().clone();
+    let mut out = input.storage::<f32>().to_vec();
+    out.par_chunks_mut(CHUNK).for_each(gelu_in_place);
+    let out = FlexTensor::from_data(TensorData::new(out, shape));
+    let out = match GeluBackward
+        .prepare::<NoCheckpointing>([tensor.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(input, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(same::<
+        AutodiffTensor,
+        B::FloatTensorPrimitive,
+    >(out)))
+}
+
+/// The operation's node in burn's graph; its state is the input `x`.
+#[derive(Debug)]
+struct GeluBackward;
+
+impl Backward<Flex, 1> for GeluBackward {
+    type State = FlexTensor;
+
+    fn backward(self, ops: Ops<FlexTensor, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [parent] = ops.parents;
+        let grad = grads.consume::<Flex>(&ops.node);
+        let Some(parent) = parent else { return };
+        let x = ops.state;
+        // Copy-on-write: a copy only when another tensor shares the incoming gradient.
+        let mut grad = contiguous(grad);
+        grad.storage_mut::<f32>()
+            .par_chunks_mut(CHUNK)
+            .zip(x.storage::<f32>().par_chunks(CHUNK))
+            .for_each(|(g, x)| gelu_backward_in_place(x, g));
+        grads.register::<Flex>(parent.id, grad);
+    }
 }
 
 #[cfg(test)]

@@ -5,29 +5,35 @@
 //!   multi-head attention's strided head views in place;
 //! - [`attention_autodiff`]: the same as one operation of `Autodiff<Flex>`'s graph, with a
 //!   backward kernel of its own (training on the CPU);
-//! - [`gelu`]: exact GELU on flex tensors, vectorised;
+//! - [`gelu`]: exact GELU on flex tensors, vectorised; [`gelu_autodiff`]: the same as one
+//!   operation of `Autodiff<Flex>`'s graph, with its derivative as the backward;
+//! - [`smoothed_cross_entropy`]: the label-smoothed loss, row by row, and under
+//!   `Autodiff<Flex>` one operation whose state is its gradient in closed form;
 //! - [`norm`]: LayerNorm and RMSNorm over the last dimension, one row at a time.
 //!
 //! They run only where [`runs_on`] holds: the `burn::backend::Flex` backend itself (not under
-//! `Autodiff`) with f32 tensors; [`attention_autodiff`] only where [`runs_on_autodiff`] holds
-//! (`Autodiff<Flex>`, f32). Callers check it and take burn's generic path otherwise; the
-//! kernels assert it again in debug builds. Everything else in the crate is host code on
+//! `Autodiff`) with f32 tensors; [`attention_autodiff`] and [`gelu_autodiff`] only where
+//! [`runs_on_autodiff`] holds (`Autodiff<Flex>`, f32); [`smoothed_cross_entropy`] where either
+//! does. Callers check it and take burn's generic path otherwise; the kernels assert it again
+//! (in debug builds; the loss in all builds). Everything else in the crate is host code on
 //! plain slices and needs no burn.
 
 use std::any::{Any, TypeId};
 
-use burn::backend::flex::Flex;
+use burn::backend::flex::{Flex, FlexTensor};
 use burn::tensor::backend::Backend;
 use burn::tensor::DType;
 
 mod attention;
 mod attention_autodiff;
 mod gelu;
+mod loss;
 mod norm;
 
 pub use attention::attention;
 pub use attention_autodiff::{attention_autodiff, runs_on_autodiff};
-pub use gelu::gelu;
+pub use gelu::{gelu, gelu_autodiff};
+pub use loss::{smoothed_cross_entropy, SmoothedCrossEntropy};
 pub use norm::norm;
 
 /// Whether the kernels run on backend `B` for tensors of `dtype`: the `flex` backend itself
@@ -41,4 +47,17 @@ fn same<T: 'static, U: 'static>(x: T) -> U {
     *(Box::new(x) as Box<dyn Any>)
         .downcast::<U>()
         .unwrap_or_else(|_| panic!("xfmr-kernels: called where `runs_on` does not hold"))
+}
+
+/// `t` as a contiguous tensor that covers its whole buffer (a copy only when it is not), so
+/// that its `storage` is its elements in order.
+fn contiguous(t: FlexTensor) -> FlexTensor {
+    let whole = t.is_contiguous()
+        && t.layout().start_offset() == 0
+        && t.bytes().len() == t.layout().num_elements() * std::mem::size_of::<f32>();
+    if whole {
+        t
+    } else {
+        t.to_contiguous()
+    }
 }
