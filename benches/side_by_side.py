@@ -119,6 +119,14 @@ def main():
     p.add_argument("--torch-args", default="",
                    help="more flags of the PyTorch script, space-separated (e.g. --gather)")
     args = p.parse_args()
+    # The peer's modules, checked before ten minutes of xfmr's training rather than after.
+    modules = ["torch"] + (["sacrebleu"] if args.task == "translation" else [])
+    missing = [m for m in modules
+               if subprocess.run([args.python, "-c", f"import {m}"],
+                                 capture_output=True).returncode != 0]
+    if missing:
+        sys.exit(f"{args.python} lacks {', '.join(missing)}: "
+                 f"{args.python} -m pip install {' '.join(missing)}")
     out = os.path.join(args.out, args.task)
     os.makedirs(out, exist_ok=True)
     extra = args.xfmr_args.split()
