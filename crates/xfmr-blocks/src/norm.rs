@@ -57,6 +57,11 @@ impl NormConfig {
     }
 }
 
+/// A row kernel's signature: `x`, γ, β, ε, whether RMSNorm.
+#[cfg(feature = "flex")]
+type NormKernel<B> =
+    fn(Tensor<B, 3>, Tensor<B, 1>, Option<Tensor<B, 1>>, f64, bool) -> Tensor<B, 3>;
+
 /// LayerNorm or RMSNorm over the last dimension.
 #[derive(Module, Debug)]
 pub struct Norm<B: Backend> {
@@ -77,20 +82,13 @@ impl<B: Backend> Norm<B> {
     /// - `x`: `[batch, seq, d_model]`
     /// - output: `[batch, seq, d_model]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        // On flex (not under autodiff), f32 throughout: each row normalised in place while it
-        // sits in L1, instead of the nine whole-tensor operations below (docs/benchmarks-log.md,
-        // the Zen 5 section). Not for an RMSNorm given a β (a public field), which the kernel
-        // does not add.
+        // On flex, f32 throughout: each row normalised while it sits in L1, instead of the nine
+        // whole-tensor operations below (docs/benchmarks-log.md, the Zen 5 section); under
+        // autodiff one operation of the graph whose backward is a row kernel too
+        // (docs/training.md).
         #[cfg(feature = "flex")]
-        if xfmr_kernels::runs_on::<B>(x.dtype())
-            && xfmr_kernels::runs_on::<B>(self.gamma.dtype())
-            && self
-                .beta
-                .as_ref()
-                .is_none_or(|b| xfmr_kernels::runs_on::<B>(b.dtype()))
-            && (self.kind == NormKind::LayerNorm || self.beta.is_none())
-        {
-            return xfmr_kernels::norm(
+        if let Some(kernel) = self.kernel(&x) {
+            return kernel(
                 x,
                 self.gamma.val(),
                 self.beta.as_ref().map(Param::val),
@@ -121,5 +119,26 @@ impl<B: Backend> Norm<B> {
             None => out,
         };
         out.reshape([batch, seq, d_model])
+    }
+
+    /// xfmr's row kernel for `x` and this norm's parameters, if one runs on them: `norm` on
+    /// `Flex`, `norm_autodiff` on `Autodiff<Flex>`, f32 throughout. None for an RMSNorm given
+    /// a β (a public field), which the kernels do not add.
+    #[cfg(feature = "flex")]
+    fn kernel(&self, x: &Tensor<B, 3>) -> Option<NormKernel<B>> {
+        let all = |runs_on: fn(burn::tensor::DType) -> bool| {
+            runs_on(x.dtype())
+                && runs_on(self.gamma.dtype())
+                && self.beta.as_ref().is_none_or(|b| runs_on(b.dtype()))
+        };
+        if self.kind == NormKind::RmsNorm && self.beta.is_some() {
+            None
+        } else if all(xfmr_kernels::runs_on::<B>) {
+            Some(xfmr_kernels::norm::<B, 3>)
+        } else if all(xfmr_kernels::runs_on_autodiff::<B>) {
+            Some(xfmr_kernels::norm_autodiff::<B, 3>)
+        } else {
+            None
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! The CPU features the kernels dispatch on, probed once (as candle-core's and ggml-cpu's CPU
 //! feature probes are): [`features`], and the two ladders of levels the kernels choose from,
 //! [`FloatLevel`] (the `f32` loops: [`exp_shifted`](crate::exp_shifted), [`attend_cached`](crate::attend_cached),
-//! [`gelu_in_place`](crate::gelu_in_place), [`norm_rows`](crate::norm_rows), [`silu_mul`](crate::silu_mul),
+//! [`gelu_in_place`](crate::gelu_in_place), [`norm_rows`](crate::norm_rows) and
+//! [`norm_rows_backward`](crate::norm_rows_backward), [`silu_mul`](crate::silu_mul),
+//! [`dropout_mask`](crate::dropout_mask), the loss's rows,
 //! the activation quantisation of [`quant`](crate::quant)) and [`DotLevel`] (the integer products
 //! of [`quant`](crate::quant), re-exported there as `quant::Path`).
 //!

@@ -9,6 +9,8 @@
 
 use rayon::prelude::*;
 
+use crate::cpu::FloatLevel;
+
 /// Elements per chunk: one key and one rayon task each.
 const CHUNK: usize = 1 << 14;
 
@@ -27,10 +29,19 @@ const CHUNK: usize = 1 << 14;
 /// # Panics
 /// If `keep` is not in `(0, 1]`.
 pub fn dropout_mask(len: usize, keep: f32, seed: u64) -> Vec<f32> {
+    dropout_mask_on(FloatLevel::detect(), len, keep, seed)
+}
+
+/// [`dropout_mask`] on `level`, which must be available (asserted in all builds). The hash is
+/// integer arithmetic, so every level gives the same mask bit for bit; the AVX-512 copy hashes
+/// 16 indices per instruction where the baseline x86-64 build (SSE2, no 32-bit vector
+/// multiply) hashed one.
+fn dropout_mask_on(level: FloatLevel, len: usize, keep: f32, seed: u64) -> Vec<f32> {
     assert!(
         keep > 0.0 && keep <= 1.0,
         "dropout_mask: the keep probability {keep} is outside (0, 1]"
     );
+    level.assert_available();
     let scale = 1.0 / keep;
     let threshold = (f64::from(keep) * 16_777_216.0).round() as u32;
     let mut mask = vec![0.0f32; len];
@@ -38,13 +49,47 @@ pub fn dropout_mask(len: usize, keep: f32, seed: u64) -> Vec<f32> {
         .enumerate()
         .for_each(|(c, chunk)| {
             let key = splitmix64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let (lo, hi) = (key as u32, (key >> 32) as u32);
-            for (i, m) in chunk.iter_mut().enumerate() {
-                let kept = lowbias32(lowbias32(i as u32 ^ lo) ^ hi) >> 8 < threshold;
-                *m = if kept { scale } else { 0.0 };
-            }
+            fill_on(level, chunk, key, threshold, scale);
         });
     mask
+}
+
+/// One chunk of the mask on `level`, which must be available (asserted: a cached probe, once
+/// per 16,384 elements).
+#[allow(unsafe_code)]
+fn fill_on(level: FloatLevel, chunk: &mut [f32], key: u64, threshold: u32, scale: f32) {
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
+        // feature the copy is compiled for.
+        FloatLevel::Avx512 => unsafe { fill_avx512(chunk, key, threshold, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2.
+        FloatLevel::Avx2 => unsafe { fill_avx2(chunk, key, threshold, scale) },
+        _ => fill_portable(chunk, key, threshold, scale),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn fill_avx512(chunk: &mut [f32], key: u64, threshold: u32, scale: f32) {
+    fill_portable(chunk, key, threshold, scale);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn fill_avx2(chunk: &mut [f32], key: u64, threshold: u32, scale: f32) {
+    fill_portable(chunk, key, threshold, scale);
+}
+
+#[inline(always)]
+fn fill_portable(chunk: &mut [f32], key: u64, threshold: u32, scale: f32) {
+    let (lo, hi) = (key as u32, (key >> 32) as u32);
+    for (i, m) in chunk.iter_mut().enumerate() {
+        let kept = lowbias32(lowbias32(i as u32 ^ lo) ^ hi) >> 8 < threshold;
+        *m = if kept { scale } else { 0.0 };
+    }
 }
 
 /// SplitMix64's output function (Steele, Lea and Flood, 2014).
@@ -104,5 +149,26 @@ mod tests {
             .install(|| dropout_mask(100_000, 0.9, 3));
         assert_eq!(one, dropout_mask(100_000, 0.9, 3));
         assert_ne!(dropout_mask(100_000, 0.9, 3), dropout_mask(100_000, 0.9, 4));
+    }
+
+    /// Every level this CPU has (AVX-512F, AVX2) gives the portable loop's mask bit for bit,
+    /// over a length that ends inside a chunk and inside a vector of 16.
+    #[test]
+    fn dropout_mask_is_the_same_on_every_path() {
+        let len = 2 * CHUNK + 1_000 + 7;
+        let portable = dropout_mask_on(FloatLevel::Portable, len, 0.9, 11);
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("dropout_mask: this CPU has no {level:?}, its path is not compared");
+                continue;
+            }
+            let got = dropout_mask_on(level, len, 0.9, 11);
+            assert!(
+                got.iter()
+                    .zip(&portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{level:?}"
+            );
+        }
     }
 }

@@ -23,7 +23,7 @@ pub fn exp_shifted(row: &mut [f32], max: f32) -> f32 {
 
 /// [`exp_shifted`] on `level`, which must be available (asserted in all builds).
 #[allow(unsafe_code)]
-pub(crate) fn exp_shifted_on(level: FloatLevel, row: &mut [f32], max: f32) -> f32 {
+fn exp_shifted_on(level: FloatLevel, row: &mut [f32], max: f32) -> f32 {
     debug_assert!(
         row.iter().all(|&x| x <= max || x.is_nan()),
         "exp_shifted: {max} is not the row's maximum"
@@ -53,8 +53,10 @@ fn exp_shifted_avx2(row: &mut [f32], max: f32) -> f32 {
     exp_shifted_portable(row, max)
 }
 
+/// [`exp_shifted`]'s loop, inlined into its callers' copies per level (here and in the loss's
+/// row kernel, compiled whole per level).
 #[inline(always)]
-fn exp_shifted_portable(row: &mut [f32], max: f32) -> f32 {
+pub(crate) fn exp_shifted_portable(row: &mut [f32], max: f32) -> f32 {
     let mut sums = [0.0f32; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
@@ -68,6 +70,48 @@ fn exp_shifted_portable(row: &mut [f32], max: f32) -> f32 {
         *sum += *x;
     }
     sums.iter().sum()
+}
+
+/// `x ← exp(min(x − lse, 0))` over `row`: a softmax's probabilities recomputed from its scores
+/// and saved log-sum-exp (the attention's backward pass), in the same SIMD copies as
+/// [`exp_shifted`] (elementwise, so every level gives the same bits).
+#[cfg_attr(not(feature = "flex"), allow(dead_code))] // flex's attention backward alone
+pub(crate) fn exp_from_lse(row: &mut [f32], lse: f32) {
+    exp_from_lse_on(FloatLevel::detect(), row, lse);
+}
+
+/// [`exp_from_lse`] on `level`, which must be available (asserted in all builds).
+#[allow(unsafe_code)]
+fn exp_from_lse_on(level: FloatLevel, row: &mut [f32], lse: f32) {
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
+        // feature the copy is compiled for.
+        FloatLevel::Avx512 => unsafe { exp_from_lse_avx512(row, lse) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2.
+        FloatLevel::Avx2 => unsafe { exp_from_lse_avx2(row, lse) },
+        _ => exp_from_lse_portable(row, lse),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn exp_from_lse_avx512(row: &mut [f32], lse: f32) {
+    exp_from_lse_portable(row, lse);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn exp_from_lse_avx2(row: &mut [f32], lse: f32) {
+    exp_from_lse_portable(row, lse);
+}
+
+#[inline(always)]
+fn exp_from_lse_portable(row: &mut [f32], lse: f32) {
+    row.iter_mut()
+        .for_each(|s| *s = exp_nonpositive((*s - lse).min(0.0)));
 }
 
 /// `exp(t)` for `t ≤ 0` (see [`exp_shifted`]); 0 below -87, where `2ⁿ` would be subnormal.
@@ -160,6 +204,41 @@ mod tests {
                 sum.to_bits(),
                 "{level:?}"
             );
+            assert!(
+                got.iter()
+                    .zip(&portable)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{level:?}"
+            );
+        }
+    }
+
+    /// [`exp_from_lse`] on every level this CPU has gives the portable loop's values bit for
+    /// bit (scores above the log-sum-exp by rounding, far below it, ignored keys, a tail).
+    #[test]
+    fn exp_from_lse_is_the_same_on_every_path() {
+        let row: Vec<f32> = (0..1_003)
+            .map(|i| match i % 89 {
+                0 => f32::NEG_INFINITY,
+                1 => 3.5 + 1e-6,
+                2 => -200.0,
+                _ => 3.5 - ((i * 41 % 1_009) as f32) * 0.0917,
+            })
+            .collect();
+        let mut portable = row.clone();
+        exp_from_lse_on(FloatLevel::Portable, &mut portable, 3.5);
+        assert_eq!(
+            portable[1], 1.0,
+            "a score above the log-sum-exp by rounding gives 1"
+        );
+        assert_eq!(portable[0], 0.0);
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("exp_from_lse: this CPU has no {level:?}, its path is not compared");
+                continue;
+            }
+            let mut got = row.clone();
+            exp_from_lse_on(level, &mut got, 3.5);
             assert!(
                 got.iter()
                     .zip(&portable)

@@ -15,7 +15,8 @@
 //!   times an incoming gradient (training);
 //! - [`smoothed_cross_entropy_row`]: the label-smoothed cross-entropy of one row of logits and
 //!   its gradient in closed form, in place ([`Smoothing`]; training);
-//! - [`norm_rows`]: LayerNorm and RMSNorm row by row in place ([`RowNorm`]);
+//! - [`norm_rows`]: LayerNorm and RMSNorm row by row in place ([`RowNorm`]), and
+//!   [`norm_rows_backward`], their gradients (training);
 //! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
 //!   the blocks with `i8`-quantised activations (llama.cpp's scheme);
@@ -29,8 +30,8 @@
 //! block of query rows), `attention_autodiff` (the same as one operation of `Autodiff<Flex>`'s
 //! graph, with a backward kernel of its own), `gelu` (exact GELU) and `gelu_autodiff` (the same
 //! as one operation of the graph), `smoothed_cross_entropy` (the training loss, one operation
-//! of the graph under autodiff) and `norm` (LayerNorm and RMSNorm) over the host kernels above,
-//! and the checks
+//! of the graph under autodiff) and `norm` (LayerNorm and RMSNorm) and `norm_autodiff` (the
+//! same as one operation of the graph) over the host kernels above, and the checks
 //! generic code asks first: `runs_on::<B>(dtype)` (`Flex` itself, f32) and
 //! `runs_on_autodiff::<B>(dtype)` (`Autodiff<Flex>`, f32). Callers take burn's generic path
 //! where they do not hold; the kernels assert them again in debug builds.
@@ -61,6 +62,7 @@ mod gelu;
 mod gpu;
 mod loss;
 mod norm;
+mod norm_backward;
 pub mod quant;
 mod silu;
 
@@ -69,12 +71,13 @@ pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
 pub use flex::{
-    attention, attention_autodiff, gelu, gelu_autodiff, norm, runs_on, runs_on_autodiff,
-    smoothed_cross_entropy, SmoothedCrossEntropy,
+    attention, attention_autodiff, gelu, gelu_autodiff, norm, norm_autodiff, runs_on,
+    runs_on_autodiff, smoothed_cross_entropy, SmoothedCrossEntropy,
 };
 pub use gelu::{gelu_backward_in_place, gelu_in_place};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub use gpu::{gpu_attention_autodiff, runs_on_gpu_autodiff};
 pub use loss::{smoothed_cross_entropy_row, Smoothing};
 pub use norm::{norm_rows, RowNorm};
+pub use norm_backward::norm_rows_backward;
 pub use silu::silu_mul;

@@ -16,7 +16,7 @@
 //! ([`Smoothing::excludes_target_and_pad`]), the two masses of `xfmr-models`' loss.
 
 use crate::cpu::FloatLevel;
-use crate::exp::{exp_shifted_on, LANES};
+use crate::exp::{exp_shifted_portable, LANES};
 
 /// The loss's parameters.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -92,16 +92,46 @@ fn row_on(
         "smoothed_cross_entropy_row: target {target} ≥ vocabulary {vocab}"
     );
     level.assert_available();
-    let (max, sum) = match level {
+    match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
         // feature the copy is compiled for.
-        FloatLevel::Avx512 => unsafe { max_and_sum_avx512(row) },
+        FloatLevel::Avx512 => unsafe { row_avx512(row, target, smoothing, weight) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above, AVX2.
-        FloatLevel::Avx2 => unsafe { max_and_sum_avx2(row) },
-        _ => max_and_sum(row),
-    };
+        FloatLevel::Avx2 => unsafe { row_avx2(row, target, smoothing, weight) },
+        _ => row_portable(row, target, smoothing, weight),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn row_avx512(
+    row: &mut [f32],
+    target: u32,
+    smoothing: Smoothing,
+    weight: Option<f32>,
+) -> (f64, f64) {
+    row_portable(row, target, smoothing, weight)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn row_avx2(row: &mut [f32], target: u32, smoothing: Smoothing, weight: Option<f32>) -> (f64, f64) {
+    row_portable(row, target, smoothing, weight)
+}
+
+/// [`row_on`]'s work once the target is known to be a real token in the row: the three passes,
+/// compiled whole for each level.
+#[inline(always)]
+fn row_portable(
+    row: &mut [f32],
+    target: u32,
+    smoothing: Smoothing,
+    weight: Option<f32>,
+) -> (f64, f64) {
+    let vocab = row.len();
+    let (max, sum) = max_and_sum(row);
     if !(max.is_finite() && sum.is_finite()) {
         // A NaN or an infinity among the logits (the maximum skips NaN; the sum does not):
         // NaN for the loss and the whole gradient row, as the tensor formula gives, rather
@@ -117,7 +147,7 @@ fn row_on(
     } else {
         f64::from(sum)
     };
-    let sum_exp = exp_shifted_on(level, row, max);
+    let sum_exp = exp_shifted_portable(row, max);
     let log_z = f64::from(max) + f64::from(sum_exp).ln();
     let set_size = smoothing.set_size(vocab) as f64;
     let epsilon = f64::from(smoothing.epsilon);
@@ -127,15 +157,7 @@ fn row_on(
     if let Some(w) = weight {
         let scale = w / sum_exp;
         let shift = (smooth * f64::from(w)) as f32;
-        match level {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            FloatLevel::Avx512 => unsafe { affine_avx512(row, scale, shift) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above, AVX2.
-            FloatLevel::Avx2 => unsafe { affine_avx2(row, scale, shift) },
-            _ => affine(row, scale, shift),
-        }
+        affine(row, scale, shift);
         // q_y = 1 − ε (+ s on the whole vocabulary, already taken off above), q_pad = 0.
         let at_target = if smoothing.excludes_target_and_pad {
             row[smoothing.pad as usize] += shift;
@@ -146,18 +168,6 @@ fn row_on(
         row[target as usize] -= at_target as f32;
     }
     (loss, -target_lp)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn max_and_sum_avx512(row: &[f32]) -> (f32, f32) {
-    max_and_sum(row)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn max_and_sum_avx2(row: &[f32]) -> (f32, f32) {
-    max_and_sum(row)
 }
 
 /// The row's maximum and sum, in 16 lanes (the tail into the first lanes), then across them.
@@ -184,18 +194,6 @@ fn max_and_sum(row: &[f32]) -> (f32, f32) {
         maxes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         sums.iter().sum(),
     )
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn affine_avx512(row: &mut [f32], scale: f32, shift: f32) {
-    affine(row, scale, shift);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn affine_avx2(row: &mut [f32], scale: f32, shift: f32) {
-    affine(row, scale, shift);
 }
 
 /// `x ← x · scale − shift`.

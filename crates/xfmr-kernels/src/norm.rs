@@ -79,33 +79,41 @@ fn norm_portable(rows: &mut [f32], gamma: &[f32], norm: RowNorm<'_>, eps: f32) {
     if width == 0 {
         return;
     }
-    let n = width as f32;
+    let rms = norm == RowNorm::Rms;
     for row in rows.chunks_exact_mut(width) {
+        let (mean, inv) = row_stats(row, rms, eps);
         match norm {
-            RowNorm::Layer { beta } => {
-                let mean = lane_sum(row, |x| x) / n;
-                let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n;
-                let inv = 1.0 / (var + eps).sqrt();
-                match beta {
-                    Some(beta) => {
-                        for ((x, g), b) in row.iter_mut().zip(gamma).zip(beta) {
-                            *x = (*x - mean) * inv * g + b;
-                        }
-                    }
-                    None => {
-                        for (x, g) in row.iter_mut().zip(gamma) {
-                            *x = (*x - mean) * inv * g;
-                        }
-                    }
+            RowNorm::Layer { beta: Some(beta) } => {
+                for ((x, g), b) in row.iter_mut().zip(gamma).zip(beta) {
+                    *x = (*x - mean) * inv * g + b;
+                }
+            }
+            RowNorm::Layer { beta: None } => {
+                for (x, g) in row.iter_mut().zip(gamma) {
+                    *x = (*x - mean) * inv * g;
                 }
             }
             RowNorm::Rms => {
-                let inv = 1.0 / (lane_sum(row, |x| x * x) / n + eps).sqrt();
                 for (x, g) in row.iter_mut().zip(gamma) {
                     *x = *x * inv * g;
                 }
             }
         }
+    }
+}
+
+/// A row's centre and inverse spread: `(μ, 1/√(σ² + ε))` for LayerNorm, `(0, 1/√(mean(x²) +
+/// ε))` for RMSNorm (`rms`). The forward and the backward pass both take them from here, so
+/// the backward's `x̂ = (x − μ) · inv` is the forward's bit for bit.
+#[inline(always)]
+pub(crate) fn row_stats(row: &[f32], rms: bool, eps: f32) -> (f32, f32) {
+    let n = row.len() as f32;
+    if rms {
+        (0.0, 1.0 / (lane_sum(row, |x| x * x) / n + eps).sqrt())
+    } else {
+        let mean = lane_sum(row, |x| x) / n;
+        let var = lane_sum(row, |x| (x - mean) * (x - mean)) / n;
+        (mean, 1.0 / (var + eps).sqrt())
     }
 }
 
@@ -126,12 +134,12 @@ fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// `rows` × `width` values with a spread of magnitudes and an offset per row (LayerNorm's
     /// centring matters), and γ, β that are not 1 and 0.
-    fn case(rows: usize, width: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    pub(crate) fn case(rows: usize, width: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let x = (0..rows * width)
             .map(|i| ((i * 7_919 % 1_013) as f32 - 506.0) * 0.01 + (i / width) as f32)
             .collect();

@@ -2,6 +2,8 @@
 //! CUDA with `--features cuda`;
 //! gradients under autodiff), incremental decoding, import errors, the pieces.
 
+#[cfg(feature = "flex")]
+mod autodiff_kernels;
 #[path = "../common/mod.rs"]
 mod common;
 mod decoding;

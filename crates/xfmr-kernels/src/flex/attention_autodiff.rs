@@ -39,19 +39,17 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
 use burn::backend::Autodiff;
-use burn::tensor::backend::{Backend, BackendTypes};
-use burn::tensor::{Bool, DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::attention::{forward, mask_on_host, product, readable, Broadcast, View, SCRATCH_FLOATS};
-use super::same;
-use crate::exp::exp_nonpositive;
+use super::{autodiff_primitive, from_autodiff};
+use crate::exp::exp_from_lse;
 
 /// The backend [`attention_autodiff`] runs on: flex under burn's autodiff, without
 /// checkpointing (the default `Autodiff<Flex>`).
 type AutodiffFlex = Autodiff<Flex>;
-/// Its float tensor: the flex tensor and its node in the graph.
-type AutodiffTensor = <AutodiffFlex as BackendTypes>::FloatTensorPrimitive;
 
 /// Whether [`attention_autodiff`] runs on backend `B` for tensors of `dtype`:
 /// `Autodiff<Flex>` (burn's default, no checkpointing), f32.
@@ -61,9 +59,10 @@ pub fn runs_on_autodiff<B: Backend>(dtype: DType) -> bool {
 
 /// Scaled dot-product attention `softmax(QKᵀ·scale + M) V` as one differentiable operation of
 /// `Autodiff<Flex>`: the forward of [`attention()`](crate::attention) and the backward kernel
-/// of this module (the module docs give its math). Values equal [`attention()`]'s; gradients
-/// equal those of burn's autodiff through the decomposed operations up to f32 rounding (tested
-/// against it and against f64 finite differences in `xfmr-attention`).
+/// of this module (the module docs give its math). Values equal
+/// [`attention()`](crate::attention)'s; gradients equal those of burn's autodiff through the
+/// decomposed operations up to f32 rounding (tested against it and against f64 finite
+/// differences in `xfmr-attention`).
 ///
 /// The caller has checked the shapes and that [`runs_on_autodiff`] holds (asserted in debug
 /// builds; the bounds the unsafe products rely on are checked in every build), and that
@@ -89,10 +88,11 @@ pub fn attention_autodiff<B: Backend>(
         "xfmr_kernels::attention_autodiff: not an Autodiff<Flex> f32 tensor"
     );
     let mask = mask.map(mask_on_host).map(Arc::new);
-    let tensor = |t: Tensor<B, 4>| {
-        same::<B::FloatTensorPrimitive, AutodiffTensor>(t.into_primitive().tensor())
-    };
-    let (q, k, v) = (tensor(query), tensor(key), tensor(value));
+    let (q, k, v) = (
+        autodiff_primitive(query),
+        autodiff_primitive(key),
+        autodiff_primitive(value),
+    );
     let (q_flex, k_flex, v_flex) = (
         readable(q.primitive.clone()),
         readable(k.primitive.clone()),
@@ -129,10 +129,7 @@ pub fn attention_autodiff<B: Backend>(
         }
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(same::<
-        AutodiffTensor,
-        B::FloatTensorPrimitive,
-    >(out)))
+    from_autodiff(out)
 }
 
 /// The operation's node in burn's graph.
@@ -249,8 +246,7 @@ fn backward(saved: &Saved, grad: &FlexTensor) -> [FlexTensor; 3] {
                             }
                             // P = exp(S − lse): ≤ 0 but for rounding (the forward's S may have
                             // summed in another order).
-                            row.iter_mut()
-                                .for_each(|s| *s = exp_nonpositive((*s - lse).min(0.0)));
+                            exp_from_lse(row, lse);
                             if let Some(mask) = saved.mask.as_deref() {
                                 let at = mask.row(b, h, query);
                                 let step = mask.strides[3];

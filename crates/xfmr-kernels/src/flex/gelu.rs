@@ -7,12 +7,11 @@ use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
-use burn::backend::Autodiff;
-use burn::tensor::backend::{Backend, BackendTypes};
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::{contiguous, same};
+use super::{autodiff_primitive, contiguous, from_autodiff};
 use crate::gelu::{gelu_backward_in_place, gelu_in_place};
 
 /// Elements per parallel task.
@@ -41,9 +40,6 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
     Tensor::from_data(data, (&device, DType::F32))
 }
 
-/// Its float tensor under autodiff: the flex tensor and its node in the graph.
-type AutodiffTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
-
 /// Exact GELU as one differentiable operation of `Autodiff<Flex>`: the forward of [`gelu`]
 /// into a new buffer (the input is the backward pass's state), the backward
 /// `∂ℓ/∂x = ∂ℓ/∂y · (Φ(x) + x φ(x))` in one pass over the incoming gradient's buffer
@@ -62,7 +58,7 @@ pub fn gelu_autodiff<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D
         crate::runs_on_autodiff::<B>(x.dtype()),
         "xfmr_kernels::gelu_autodiff: not an Autodiff<Flex> f32 tensor"
     );
-    let tensor: AutodiffTensor = same(x.into_primitive().tensor());
+    let tensor = autodiff_primitive(x);
     let input = contiguous(tensor.primitive.clone());
     let shape = input.layout().shape().clone();
     let mut out = input.storage::<f32>().to_vec();
@@ -76,10 +72,7 @@ pub fn gelu_autodiff<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D
         OpsKind::Tracked(prep) => prep.finish(input, out),
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
-    Tensor::from_primitive(TensorPrimitive::Float(same::<
-        AutodiffTensor,
-        B::FloatTensorPrimitive,
-    >(out)))
+    from_autodiff(out)
 }
 
 /// The operation's node in burn's graph; its state is the input `x`.

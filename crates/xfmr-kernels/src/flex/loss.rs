@@ -12,19 +12,15 @@ use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::flex::{Flex, FlexTensor};
-use burn::backend::Autodiff;
-use burn::tensor::backend::{Backend, BackendTypes};
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+use burn::tensor::backend::Backend;
+use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
-use super::{contiguous, runs_on, runs_on_autodiff, same};
+use super::{contiguous, from_autodiff, runs_on, runs_on_autodiff, same, AutodiffTensor};
 use crate::loss::{smoothed_cross_entropy_row, Smoothing};
 
 /// Floats per parallel task, at least (whole rows).
 const CHUNK: usize = 64 * 1024;
-
-/// Its float tensor under autodiff: the flex tensor and its node in the graph.
-type AutodiffTensor = <Autodiff<Flex> as BackendTypes>::FloatTensorPrimitive;
 
 /// What [`smoothed_cross_entropy`] returns.
 #[derive(Debug, Clone)]
@@ -105,10 +101,7 @@ pub fn smoothed_cross_entropy<B: Backend>(
             (prep.finish(value(loss)), nll)
         }
     };
-    let loss = Tensor::from_primitive(TensorPrimitive::Float(same::<
-        AutodiffTensor,
-        B::FloatTensorPrimitive,
-    >(out)));
+    let loss = from_autodiff(out);
     SmoothedCrossEntropy { loss, nll, tokens }
 }
 
