@@ -200,7 +200,7 @@ def worker_w4(torch, iters):
 
 
 class SplitMix64:
-    """`xfmr_train::data::SplitMix64`, bit for bit."""
+    """`xfmr_translate::data::SplitMix64`, bit for bit."""
 
     def __init__(self, state):
         self.state = state

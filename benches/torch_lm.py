@@ -31,7 +31,7 @@ validation tokens, the `EvalLoss::tokens` xfmr divides by (its records hold `acc
 correct / tokens, but not the count).
 
 What is the same as xfmr's run:
-- the examples: the target (second) column of `train.tsv`/`valid.tsv` as `xfmr_train::data`
+- the examples: the target (second) column of `train.tsv`/`valid.tsv` as `xfmr_translate::data`
   parses it (BOM skipped, blank lines skipped, `\\r` and surrounding whitespace trimmed),
   encoded without special tokens, sentences of more than `--max-len` (default 100, as
   `xfmr train --max-len`) tokens left out of training and of validation alike;
@@ -97,7 +97,7 @@ DATA = os.path.join(os.path.dirname(HERE), "crates", "xfmr-cli", "data", "es-en"
 
 
 def read_sentences(path, tok, max_len):
-    """The target side of a TSV file as `xfmr_train::data::parse_tsv` reads it, encoded as
+    """The target side of a TSV file as `xfmr_translate::data::parse_tsv` reads it, encoded as
     `SubwordTokenizer::encode` does (no special tokens), at most `max_len` tokens."""
     with open(path, "rb") as f:
         data = f.read()

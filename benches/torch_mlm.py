@@ -23,7 +23,7 @@ in lowest terms. It also prints xfmr's own figures from
 the log (steps, tokens/s, the last validation) beside them.
 
 What is the same as xfmr's run:
-- the data: `train.tsv` and `valid.tsv` read as `xfmr_train::data::parse_tsv` reads them (blank
+- the data: `train.tsv` and `valid.tsv` read as `xfmr_translate::data::parse_tsv` reads them (blank
   lines skipped, both sides trimmed), the English column encoded without special tokens, and
   sentences of more than `--max-len` tokens (default: the model's position table less the two
   framing tokens, at most 100, as `xfmr train --max-len` makes it) left out of both splits;
@@ -109,7 +109,7 @@ def emit(obj):
 
 
 def read_english(path):
-    """The target column of a `source<TAB>target` file, as `xfmr_train::data::parse_tsv` reads
+    """The target column of a `source<TAB>target` file, as `xfmr_translate::data::parse_tsv` reads
     it: a byte-order mark skipped, `\\r\\n` accepted, blank lines skipped, both sides trimmed,
     exactly one tab and no empty side."""
     out = []
@@ -163,7 +163,7 @@ def mask_tokens(obj, tokens, seed):
 
 
 def ladder_batches(lengths, max_tokens, min_len, cap):
-    """`xfmr_train::ladder::LengthLadder::batches`."""
+    """`xfmr_models::ladder::LengthLadder::batches`."""
     def rung_at(k):
         base = max(min_len, 1) << min(k // 2, 40)
         return base if k % 2 == 0 else (base * 3 + 1) // 2

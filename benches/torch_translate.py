@@ -48,7 +48,7 @@ from compare_pytorch import shuffled, token_batches  # noqa: E402  (the ported b
 
 def read_pairs(path, tok, max_len=None):
     pairs, refs = [], []
-    # As `xfmr_train::data` reads a TSV: a BOM skipped, blank lines skipped, sides trimmed.
+    # As `xfmr_translate::data` reads a TSV: a BOM skipped, blank lines skipped, sides trimmed.
     with open(path, encoding="utf-8-sig") as f:
         for line in f:
             if not line.strip():
@@ -354,7 +354,7 @@ def scores(hyps, refs):
     return sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
 
 
-LENGTH_PENALTIES = [0.6, 1.0, 1.5, 2.0]  # xfmr_train::translate::LENGTH_PENALTIES
+LENGTH_PENALTIES = [0.6, 1.0, 1.5, 2.0]  # xfmr_translate::translate::LENGTH_PENALTIES
 
 
 def main():

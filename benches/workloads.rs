@@ -35,8 +35,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use xfmr::blocks::{LayerConfig, SelfAttentionInput};
 use xfmr::burn;
 use xfmr::models::TransformerConfig;
-use xfmr_train::translate::encode_pairs;
-use xfmr_train::{data, SubwordTokenizer, TrainConfig, Trainer, Translation};
+use xfmr_train::{encode_pairs, TrainConfig, Trainer, Translation};
+use xfmr_translate::{data, SubwordTokenizer};
 
 /// The same allocator as the `xfmr` program, whose runs these benches stand for, with the same
 /// options (`keep_memory`, called first in `workloads`).

@@ -7,7 +7,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::checkpoint::ModelConfig;
-use xfmr_train::{RunDir, SubwordTokenizer, Task};
+use xfmr_train::{RunDir, Task};
+use xfmr_translate::SubwordTokenizer;
 
 /// The model of run `run`, which must be a `task` run (`command` names the command that needs
 /// it, for the error): its averaged final model, else its last checkpoint; and its

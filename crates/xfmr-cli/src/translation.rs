@@ -7,12 +7,13 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use xfmr::burn::tensor::backend::Backend;
+use xfmr::models::ladder::SourceBatches;
 use xfmr::models::{BeamOptions, GenerationOptions, Strategy, Transformer};
-use xfmr_train::translate::{
+use xfmr_translate::translate::{
     encode_sources, sacrebleu_line, translate_best, translation_attention, LengthBucket, Overlong,
     SourceLimit,
 };
-use xfmr_train::{SourceBatches, SubwordTokenizer, TrainError};
+use xfmr_translate::{BleuScore, SubwordTokenizer, TranslateError};
 
 use crate::plot;
 
@@ -41,7 +42,7 @@ pub(crate) fn print_buckets(buckets: &[LengthBucket]) {
 }
 
 /// The BLEU line as sacreBLEU prints it, indented under the command's summary line.
-pub(crate) fn print_bleu(bleu: &xfmr_train::metrics::BleuScore) {
+pub(crate) fn print_bleu(bleu: &BleuScore) {
     println!("    {}", sacrebleu_line(bleu));
 }
 
@@ -62,7 +63,7 @@ pub(crate) fn encode_limited<B: Backend>(
     let limit = SourceLimit::of_model(model).with_overlong(overlong);
     let encoded = match encode_sources(tokenizer, sources, limit) {
         Ok(encoded) => encoded,
-        Err(e @ TrainError::SourceTooLong { index, .. }) => bail!(
+        Err(e @ TranslateError::SourceTooLong { index, .. }) => bail!(
             "{}: {e}; `--truncate` keeps its first {} tokens instead",
             place(index),
             limit.max_tokens.saturating_sub(1)

@@ -1,6 +1,6 @@
 //! Rows of token ids made into one batch: the one padding helper of the workspace (training
 //! batches, generation prompts, sentence embeddings and the quantised model all pad through
-//! it).
+//! it), and the one framing of a sequence by its special tokens ([`framed`]).
 
 use burn::tensor::{backend::Backend, Int, Tensor, TensorData};
 
@@ -27,6 +27,18 @@ pub fn pad_rows<T: Copy>(rows: &[impl AsRef<[T]>], pad: T, side: PadSide) -> Vec
                 PadSide::Left => padding.chain(row.iter().copied()).collect(),
             }
         })
+        .collect()
+}
+
+/// `[start] ids [end]`: a token sequence framed by the special ids a model reads and predicts
+/// around it (`None`: no token on that side). The one framing of the objectives and of
+/// inference: the causal model reads `[bos] ids` and predicts `ids [eos]`, the masked model
+/// reads `[bos] ids [eos]`, the translation model's encoder `ids [eos]`.
+pub fn framed(start: Option<u32>, ids: &[u32], end: Option<u32>) -> Vec<u32> {
+    start
+        .into_iter()
+        .chain(ids.iter().copied())
+        .chain(end)
         .collect()
 }
 

@@ -14,6 +14,9 @@
 //!   [`DecoderOnly::last_logits`] and [`DecoderOnly::token_log_probs`].
 //! - [`generate`]: greedy, beam search (GNMT length penalty) and seeded sampling (temperature,
 //!   top-k, top-p), batched, for any [`IncrementalDecoder`].
+//! - [`ladder`]: batch shapes that compile once: batches padded to a ladder of lengths and
+//!   row counts ([`ladder::LengthLadder`]), for the GPU backends; training and translation
+//!   batch through it.
 //! - [`checkpoint`]: save and load a model with its configuration, a directory published
 //!   atomically with a size/hash manifest (through `xfmr-io`) and verified before it is decoded;
 //!   a configuration mismatch is a typed error naming the field. Loading checks the
@@ -43,6 +46,7 @@ mod encoder_only;
 mod error;
 pub mod generate;
 pub mod hf;
+pub mod ladder;
 mod loss;
 #[cfg(feature = "autodiff")]
 mod loss_op;
@@ -50,7 +54,7 @@ mod record_shapes;
 mod sizes;
 mod transformer;
 
-pub use batch::{pad_rows, padded_ids, PadSide};
+pub use batch::{framed, pad_rows, padded_ids, PadSide};
 pub use decoder_only::{DecoderOnly, DecoderOnlyConfig, LmState};
 pub use device::DEVICE_BUFFER_BYTES;
 pub use encoder_only::{l2_normalize, EncoderOnly, EncoderOnlyConfig, MlmHead, Pooling};

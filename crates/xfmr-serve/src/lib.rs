@@ -104,7 +104,7 @@ use tokio::sync::watch;
 use xfmr_llm::{GgufTokenizer, LanguageModel, QuantizedLlama};
 use xfmr_models::Transformer;
 use xfmr_sentence::SentenceEncoder;
-use xfmr_train::SubwordTokenizer;
+use xfmr_translate::SubwordTokenizer;
 
 pub use error::{ApiError, ServeError};
 
@@ -140,7 +140,7 @@ pub struct ServeConfig {
     pub prefix_cache_bytes: usize,
     /// The length penalty α of translations' beam search (GNMT's; the paper's 0.6 by default).
     /// `xfmr serve` sets the one chosen for the run on its validation split
-    /// ([`xfmr_train::translate::DecodingChoice`]).
+    /// ([`xfmr_translate::DecodingChoice`]).
     pub translation_length_penalty: f64,
     /// Request-body bytes admitted at once, across all requests (Default: 4 MiB, four
     /// bodies at the default `body_limit`; never below `body_limit`). A request reserves its
@@ -315,7 +315,7 @@ impl<B: Backend> Server<B> {
     }
 
     /// Serves a trained translation model and its vocabulary under `name` (translations,
-    /// attention); [`xfmr_train::RunDir::load_model`] loads one from a run directory.
+    /// attention); `xfmr_train::RunDir::load_model` loads one from a run directory.
     ///
     /// # Errors
     /// [`ServeError::DuplicateName`].

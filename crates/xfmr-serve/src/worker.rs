@@ -19,7 +19,7 @@ use xfmr_llm::{GgufTokenizer, QuantizedLlama};
 use xfmr_models::generate::Cancel;
 use xfmr_models::Transformer;
 use xfmr_sentence::SentenceEncoder;
-use xfmr_train::SubwordTokenizer;
+use xfmr_translate::SubwordTokenizer;
 
 use crate::error::ApiError;
 use crate::{recv_or_idle, IdleHook};

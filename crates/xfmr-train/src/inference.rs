@@ -8,10 +8,10 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use thiserror::Error;
+use xfmr_models::framed;
 use xfmr_models::{DecoderOnly, EncoderOnly, GenerationOptions, Strategy};
+use xfmr_translate::tokenizer::{SubwordTokenizer, MASK};
 
-use crate::objective::framed;
-use crate::tokenizer::{SubwordTokenizer, MASK};
 use crate::trainer::TrainError;
 
 /// `[bos] + text`: a prompt of the causal model, which learnt to continue what follows the

@@ -6,13 +6,13 @@ use std::path::Path;
 
 use burn::tensor::backend::AutodiffBackend;
 use xfmr_models::TransformerConfig;
+use xfmr_translate::data;
 
-use crate::data;
+use crate::objective::encode_pairs;
 use crate::objective::Translation;
 use crate::run_dir::RunDir;
 use crate::spec::Task;
 use crate::trainer::{Observer, RunSummary, TrainConfig, TrainError, Trainer};
-use crate::translate::encode_pairs;
 
 /// A training configuration for a small file and `steps` steps: 1,000-token batches, warm-up
 /// 20, validation and a checkpoint every 10 steps, the last 2 kept and averaged

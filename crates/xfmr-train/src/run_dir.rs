@@ -28,11 +28,11 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::backend::Backend;
 use xfmr_models::checkpoint::ModelConfig;
+use xfmr_translate::DecodingChoice;
+use xfmr_translate::SubwordTokenizer;
 
 use crate::spec::{RunSpec, Task};
-use crate::tokenizer::SubwordTokenizer;
 use crate::trainer::{load_model, MetricsFormat, TrainError};
-use crate::translate::DecodingChoice;
 
 /// A run directory: its paths, and reading and writing what it holds (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -51,7 +51,7 @@ impl RunDir {
     /// [`Trainer::run`](crate::Trainer::run).
     pub const MODEL_DIR: &'static str = "model";
     /// Beam search's length penalty chosen for the run ([`DecodingChoice`]).
-    pub const DECODING_FILE: &'static str = "decoding.json";
+    pub const DECODING_FILE: &'static str = xfmr_translate::translate::DECODING_FILE;
     /// The metrics log as JSON lines ([`MetricsFormat::Jsonl`]).
     pub const METRICS_JSONL: &'static str = "metrics.jsonl";
     /// The metrics log as CSV ([`MetricsFormat::Csv`]).
@@ -274,7 +274,7 @@ impl RunDir {
     /// # Errors
     /// As [`DecodingChoice::load`].
     pub fn decoding(&self) -> Result<Option<DecodingChoice>, TrainError> {
-        DecodingChoice::load(&self.root)
+        Ok(DecodingChoice::load(&self.root)?)
     }
 
     /// Beam search's length penalty for the run: the one chosen for it, else the paper's 0.6
@@ -283,7 +283,7 @@ impl RunDir {
     /// # Errors
     /// As [`DecodingChoice::load`].
     pub fn length_penalty(&self) -> Result<f64, TrainError> {
-        DecodingChoice::length_penalty_of(&self.root)
+        Ok(DecodingChoice::length_penalty_of(&self.root)?)
     }
 }
 

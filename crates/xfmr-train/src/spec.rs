@@ -20,10 +20,10 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use xfmr_blocks::{LayerConfig, NormPosition};
 use xfmr_models::{DecoderOnlyConfig, EncoderOnlyConfig, TransformerConfig};
+use xfmr_translate::Pair;
+use xfmr_translate::SubwordTokenizer;
 
-use crate::data::Pair;
 use crate::objective::{CausalLm, MaskedLm, Translation};
-use crate::tokenizer::SubwordTokenizer;
 use crate::trainer::{TrainConfig, TrainError};
 
 /// What a run teaches a model.

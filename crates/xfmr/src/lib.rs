@@ -14,9 +14,12 @@
 //!   beam search, sampling) through key/value caches, checkpoints.
 //! - [`io`] (`xfmr-io`): atomic file writes and directories published with a size/hash
 //!   manifest (what checkpoints are made of).
+//! - [`translate`] (`xfmr-translate`, feature `translate`, on by default): the translation
+//!   application without training: corpora, BPE vocabularies, translation (greedy or beam,
+//!   batched), the decoding choice, BLEU and chrF.
 //! - [`train`] (`xfmr-train`, feature `train`, on by default): training for every model family
 //!   (translation, causal and masked language models, or an objective of your own), exact
-//!   resume, checkpoint averaging, data parallelism, corpora, BPE vocabularies, BLEU and chrF.
+//!   resume, checkpoint averaging, data parallelism.
 //!
 //! Backends are chosen by the application; this crate's features (`ndarray` (default), `flex`,
 //! `wgpu`, `autodiff`) only switch on burn's corresponding backends for convenience.
@@ -30,6 +33,8 @@ pub use xfmr_models as models;
 pub use xfmr_position as position;
 #[cfg(feature = "train")]
 pub use xfmr_train as train;
+#[cfg(feature = "translate")]
+pub use xfmr_translate as translate;
 
 /// Backend types beyond burn's own aliases.
 #[cfg(feature = "wgpu")]

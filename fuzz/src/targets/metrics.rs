@@ -3,7 +3,7 @@
 //! in [0, 1], a segment scored against itself (non-empty, with a word in it) is 100, and the
 //! 13a tokenizer never panics. Seed: the sacreBLEU cases of `fixtures/bleu`.
 
-use xfmr_train::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a};
+use xfmr_translate::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a};
 
 use crate::{split_field, text};
 

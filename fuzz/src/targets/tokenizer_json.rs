@@ -6,7 +6,7 @@
 
 use std::fs;
 
-use xfmr_train::SubwordTokenizer;
+use xfmr_translate::SubwordTokenizer;
 
 use super::scratch_dir;
 

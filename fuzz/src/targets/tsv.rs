@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use xfmr_train::data::{parse_tsv, read_tsv, write_tsv, Pair};
+use xfmr_translate::data::{parse_tsv, read_tsv, write_tsv, Pair};
 
 use super::scratch_dir;
 use crate::split_field;

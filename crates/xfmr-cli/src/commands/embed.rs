@@ -9,7 +9,8 @@ use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{EncoderOnly, EncoderOnlyConfig, Pooling};
 use xfmr_sentence::Embedder;
 use xfmr_train::inference::encoder_ids;
-use xfmr_train::{SubwordTokenizer, Task};
+use xfmr_train::Task;
+use xfmr_translate::SubwordTokenizer;
 
 use crate::backend::with_backend;
 use crate::pretrained::{load_encoder, ModelArgs};

@@ -6,9 +6,9 @@ use anyhow::Result;
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::io::write_atomic;
 use xfmr::models::{Transformer, TransformerConfig};
-use xfmr_train::data::{self, Pair};
-use xfmr_train::translate::{score, score_by_source_length, translate_ids};
 use xfmr_train::Task;
+use xfmr_translate::data::{self, Pair};
+use xfmr_translate::translate::{score, score_by_source_length, translate_ids};
 
 use crate::backend::{with_backend, BackendArg};
 use crate::runs::{finite, length_penalty, load_run};

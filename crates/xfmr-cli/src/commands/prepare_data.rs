@@ -4,7 +4,7 @@ use std::fs;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use xfmr_train::data::{self, Pair};
+use xfmr_translate::data::{self, Pair};
 
 /// Options of `xfmr prepare-data`.
 #[derive(clap::Args)]

@@ -14,9 +14,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 use xfmr::burn::tensor::backend::AutodiffBackend;
-use xfmr_train::data::{self, Pair};
-use xfmr_train::translate::encode_pairs;
-use xfmr_train::{Objective, RunDir, RunSpec, SourceBatches, SubwordTokenizer, Task};
+use xfmr::models::ladder::SourceBatches;
+use xfmr_train::{encode_pairs, Objective, RunDir, RunSpec, Task};
+use xfmr_translate::data::{self, Pair};
+use xfmr_translate::SubwordTokenizer;
 
 pub use args::Args;
 
@@ -152,7 +153,7 @@ fn train<B: AutodiffBackend>(args: &Args, cpu: bool) -> Result<()> {
             }
         }
     }
-    let shapes = xfmr_train::ladder::shapes_seen();
+    let shapes = xfmr::models::ladder::shapes_seen();
     let decoding = shapes
         .iter()
         .filter(|(what, _)| *what == "decoding")

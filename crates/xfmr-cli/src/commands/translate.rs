@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{Transformer, TransformerConfig};
-use xfmr_train::data::UTF8_BOM;
-use xfmr_train::translate::translate_ids;
 use xfmr_train::Task;
+use xfmr_translate::data::UTF8_BOM;
+use xfmr_translate::translate::translate_ids;
 
 use crate::backend::{with_backend, BackendArg};
 use crate::runs::{finite, length_penalty, load_run};

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use xfmr::models::{checkpoint, TransformerConfig};
-use xfmr_train::{RunDir, SubwordTokenizer};
+use xfmr_train::RunDir;
+use xfmr_translate::SubwordTokenizer;
 
 use crate::{small_corpus, train_args, train_losses, xfmr, xfmr_ok};
 
@@ -219,11 +220,11 @@ fn train_translate_eval_attention() {
         stdout.contains("length penalty on the validation split (30 sentences, beam 2, BLEU)"),
         "{stdout}"
     );
-    let choice = xfmr_train::translate::DecodingChoice::load(&run)
+    let choice = xfmr_translate::DecodingChoice::load(&run)
         .unwrap()
         .expect("decoding.json");
     let tried: Vec<f64> = choice.tried.iter().map(|t| t.0).collect();
-    assert_eq!(tried, xfmr_train::translate::LENGTH_PENALTIES);
+    assert_eq!(tried, xfmr_translate::translate::LENGTH_PENALTIES);
     assert_eq!((choice.beam_size, choice.sentences), (2, 30));
     let alpha = choice.length_penalty;
     assert!(
@@ -519,7 +520,7 @@ fn hostile_file_tsv_with_bom() {
     let dir = tempfile::tempdir().unwrap();
     let tsv = dir.path().join("bom.tsv");
     std::fs::write(&tsv, "\u{FEFF}uno dos\tone two\ntres\tthree\n").unwrap();
-    let pairs = xfmr_train::data::read_tsv(&tsv).unwrap();
+    let pairs = xfmr_translate::data::read_tsv(&tsv).unwrap();
     assert_eq!(pairs[0].src, "uno dos");
 
     let run = tiny_run(dir.path());

@@ -85,7 +85,7 @@ const END_OF_GENERATION_TEXTS: &[&str] = &[
 ];
 
 /// A GGUF file's tokenizer, special ids and chat template. Read with its methods, as
-/// `xfmr_train::SubwordTokenizer` is (`eos_id()`, `pad_id()`, ...).
+/// `xfmr_translate::SubwordTokenizer` is (`eos_id()`, `pad_id()`, ...).
 #[derive(Clone)]
 pub struct GgufTokenizer {
     /// The Hugging Face tokenizer.

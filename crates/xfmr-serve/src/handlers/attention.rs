@@ -134,7 +134,7 @@ fn maps<B: Backend>(
             if n + 1 > max {
                 return Err(too_long(n + 1));
             }
-            let a = xfmr_train::translate::translation_attention(model, tokenizer, input, max)
+            let a = xfmr_translate::translation_attention(model, tokenizer, input, max)
                 .map_err(|e| invalid(e.to_string()))?;
             let (source, target, heads) = (&a.source, &a.target, a.heads);
             let maps = vec![

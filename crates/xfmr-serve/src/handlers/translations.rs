@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::Json;
 use burn::tensor::backend::Backend;
 use xfmr_models::generate::{BeamOptions, GenerationOptions, Strategy};
-use xfmr_train::translate::{encode_sources, translate_ids, SourceLimit};
-use xfmr_train::TrainError;
+use xfmr_translate::translate::{encode_sources, translate_ids, SourceLimit};
+use xfmr_translate::TranslateError;
 
 use super::{pick_model, strings};
 use crate::api::{Translation, TranslationCandidate, TranslationRequest, Translations};
@@ -74,7 +74,7 @@ pub(crate) async fn translations<B: Backend>(
             };
             let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
             let sources = encode_sources(tokenizer, &refs, limit).map_err(|e| match e {
-                TrainError::SourceTooLong {
+                TranslateError::SourceTooLong {
                     index,
                     tokens,
                     bytes,

@@ -71,8 +71,7 @@ fn serve_page_runs_the_attention_explorer_in_chromium() {
     );
     let dom = String::from_utf8(out.stdout).unwrap();
     let (model, tokenizer) = translation_model();
-    let want =
-        xfmr_train::translate::translation_attention(&model, &tokenizer, sentence, 64).unwrap();
+    let want = xfmr_translate::translation_attention(&model, &tokenizer, sentence, 64).unwrap();
     let n = want.source.len();
     // The grid of the encoder's self-attention, layer 2, head 3: n × n cells.
     let grid =

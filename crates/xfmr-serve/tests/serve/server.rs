@@ -14,9 +14,9 @@ use xfmr_llm::{Gguf, LanguageModel, LmWeights, WeightFormat};
 use xfmr_models::generate::{SampleOptions, Sampler};
 use xfmr_models::{GenerationOptions, Transformer, TransformerConfig};
 use xfmr_serve::{RunningServer, ServeConfig, Server};
-use xfmr_train::data::parse_tsv;
-use xfmr_train::translate::{encode_pairs, translate, translation_attention};
-use xfmr_train::{SubwordTokenizer, TrainConfig, Trainer, Translation};
+use xfmr_train::{encode_pairs, TrainConfig, Trainer, Translation};
+use xfmr_translate::data::parse_tsv;
+use xfmr_translate::{translate, translation_attention, SubwordTokenizer};
 
 use crate::client::{get, post, request, Events};
 use crate::tiny::tiny_gguf_with_context;

@@ -2,14 +2,15 @@
 
 use burn::config::Config;
 use burn::tensor::backend::Backend;
+use xfmr_models::framed;
+use xfmr_models::ladder::{record_shape, BatchShape};
 use xfmr_models::DecoderOnlyConfig;
+use xfmr_translate::SubwordTokenizer;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, ModelOf, Objective, Outputs,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, position_limit,
+    ModelOf, Objective, Outputs,
 };
-use crate::ladder::{record_shape, BatchShape};
-use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// Next-token prediction on token sequences (one sentence, or a window of a text, per example):

@@ -5,15 +5,16 @@
 use burn::config::Config;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
+use xfmr_models::framed;
+use xfmr_models::ladder::{record_shape, BatchShape};
 use xfmr_models::EncoderOnlyConfig;
+use xfmr_translate::data::SplitMix64;
+use xfmr_translate::SubwordTokenizer;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, ModelOf, Objective, Outputs,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, position_limit,
+    ModelOf, Objective, Outputs,
 };
-use crate::data::SplitMix64;
-use crate::ladder::{record_shape, BatchShape};
-use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// The masked-language-model objective on token sequences. The model reads the start token

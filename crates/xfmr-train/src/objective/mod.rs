@@ -24,9 +24,9 @@ use burn::tensor::{ElementConversion, Int, Tensor};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use xfmr_models::checkpoint::ModelConfig;
+use xfmr_models::ladder::{fill, BatchShape};
 use xfmr_models::{LabelSmoothedCrossEntropyConfig, SmoothedLoss};
 
-use crate::ladder::{fill, BatchShape};
 use crate::TrainError;
 
 mod lm;
@@ -35,7 +35,7 @@ mod translation;
 
 pub use lm::CausalLm;
 pub use mlm::{mask_tokens, MaskedLm, Masking};
-pub use translation::{Example, Translation, TranslationBatch};
+pub use translation::{encode_pairs, Example, Translation, TranslationBatch};
 
 /// The model an objective trains, on backend `B`.
 pub type ModelOf<O, B> = <<O as Objective>::Config as ModelConfig>::Model<B>;
@@ -269,21 +269,9 @@ pub(crate) fn check_smoothing(epsilon: f64) -> Result<(), TrainError> {
     }
 }
 
-/// `[start] ids [end]`: a token sequence framed by the special ids a model reads and predicts
-/// around it (`None`: no token on that side). The one framing of the objectives and of
-/// inference: the causal model reads `[bos] ids` and predicts `ids [eos]`, the masked model
-/// reads `[bos] ids [eos]`, the translation model's encoder `ids [eos]`.
-pub fn framed(start: Option<u32>, ids: &[u32], end: Option<u32>) -> Vec<u32> {
-    start
-        .into_iter()
-        .chain(ids.iter().copied())
-        .chain(end)
-        .collect()
-}
-
 /// `rows` id sequences right-padded with `pad` into a `[rows, longest]` tensor
 /// ([`xfmr_models::padded_ids`]); with a `shape`, first padded to `shape.len` tokens and
-/// completed with `filler` rows up to `shape.rows` (see [`crate::ladder`]).
+/// completed with `filler` rows up to `shape.rows` (see [`xfmr_models::ladder`]).
 pub(crate) fn padded<B: Backend>(
     mut rows: Vec<Vec<u32>>,
     pad: u32,

@@ -3,14 +3,16 @@
 use burn::config::Config;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
+use xfmr_models::framed;
+use xfmr_models::ladder::{record_shape, BatchShape};
 use xfmr_models::TransformerConfig;
+use xfmr_translate::Pair;
+use xfmr_translate::SubwordTokenizer;
 
 use super::{
-    check_ids, check_length, check_pad, check_smoothing, check_special, framed, padded,
-    position_limit, ModelOf, Objective, Outputs,
+    check_ids, check_length, check_pad, check_smoothing, check_special, padded, position_limit,
+    ModelOf, Objective, Outputs,
 };
-use crate::ladder::{record_shape, BatchShape};
-use crate::tokenizer::SubwordTokenizer;
 use crate::TrainError;
 
 /// One training pair as token ids, without start or end tokens (the objective adds them).
@@ -20,6 +22,26 @@ pub struct Example {
     pub src: Vec<u32>,
     /// Target ids.
     pub tgt: Vec<u32>,
+}
+
+/// Subword ids of every pair (no start or end tokens: the trainer adds them).
+///
+/// # Errors
+/// [`TrainError::Tokenizer`] if a sentence cannot be encoded.
+pub fn encode_pairs(
+    tokenizer: &SubwordTokenizer,
+    pairs: &[Pair],
+) -> Result<Vec<Example>, TrainError> {
+    let ids = |text: &str| -> Result<Vec<u32>, TrainError> { Ok(tokenizer.encode(text)?) };
+    pairs
+        .iter()
+        .map(|p| {
+            Ok(Example {
+                src: ids(&p.src)?,
+                tgt: ids(&p.tgt)?,
+            })
+        })
+        .collect()
 }
 
 /// A padded translation batch, ready for the model.

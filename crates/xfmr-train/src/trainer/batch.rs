@@ -4,10 +4,11 @@
 use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::ElementConversion;
+use xfmr_models::ladder::BatchShape;
+use xfmr_translate::data::SplitMix64;
 
 use super::{TrainConfig, TrainError};
-use crate::data::{token_batches, SplitMix64};
-use crate::ladder::BatchShape;
+use crate::data::token_batches;
 use crate::objective::{smoothed_loss, ModelOf, Objective};
 
 /// Token-count batches of `examples` by the objective's padded lengths

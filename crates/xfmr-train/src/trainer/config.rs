@@ -1,9 +1,9 @@
 //! The training configuration.
 
 use burn::config::Config;
+use xfmr_models::ladder::LengthLadder;
 
 use super::TrainError;
-use crate::ladder::LengthLadder;
 
 /// How to train, whatever the objective: batches, optimiser, seed, the run's budget and its
 /// cadence. Defaults are the paper's where it gives one (§5.2–5.4). The model and what it

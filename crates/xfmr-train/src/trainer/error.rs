@@ -6,8 +6,7 @@ use thiserror::Error;
 use xfmr_io::IoError;
 use xfmr_models::ModelError;
 
-use crate::data::DataError;
-use crate::tokenizer::TokenizerError;
+use xfmr_translate::{DataError, TokenizerError, TranslateError};
 
 /// What can go wrong while training, checkpointing or evaluating.
 #[derive(Debug, Error)]
@@ -73,25 +72,12 @@ pub enum TrainError {
     /// no further).
     #[error("a replica failed: {0}")]
     Replica(String),
-    /// A source sentence longer than a translation model's positions hold
-    /// ([`SourceLimit`](crate::translate::SourceLimit)): refused before its quadratic
-    /// attention is spent on it.
-    #[error(
-        "source {index}: {}, more than the {max_tokens} tokens (end token included) the model's \
-         positions hold",
-        source_length(*.tokens, *.bytes)
-    )]
-    SourceTooLong {
-        /// Its index among the sources translated together (0-based).
-        index: usize,
-        /// Its tokens, end token included; `None` when it was refused on its byte length
-        /// alone, without tokenising it.
-        tokens: Option<usize>,
-        /// Its length in bytes.
-        bytes: usize,
-        /// The most tokens a source may have.
-        max_tokens: usize,
-    },
+    /// From translation (a source beyond the model's positions, ...): the translation errors
+    /// without a variant of their own here (a model, tokenizer, file or option error arrives as
+    /// [`TrainError::Model`], [`TrainError::Tokenizer`], [`TrainError::Io`] or
+    /// [`TrainError::InvalidConfig`]). Boxed: it would double every `Result`'s size.
+    #[error(transparent)]
+    Translate(Box<TranslateError>),
     /// A training option outside its range.
     #[error("invalid training option {field} = {value}: {expected}")]
     InvalidConfig {
@@ -102,14 +88,6 @@ pub enum TrainError {
         /// What it must be.
         expected: &'static str,
     },
-}
-
-/// "1030 tokens", or "8500000 bytes" for a source refused unread.
-fn source_length(tokens: Option<usize>, bytes: usize) -> String {
-    match tokens {
-        Some(n) => format!("{n} tokens"),
-        None => format!("{bytes} bytes"),
-    }
 }
 
 impl TrainError {
@@ -145,6 +123,28 @@ impl From<IoError> for TrainError {
         Self::Io {
             path: e.path,
             problem: e.message,
+        }
+    }
+}
+
+/// The shared kinds as this enum's own variants ([`TrainError::Model`], ...), the rest as
+/// [`TrainError::Translate`].
+impl From<TranslateError> for TrainError {
+    fn from(e: TranslateError) -> Self {
+        match e {
+            TranslateError::Model(e) => e.into(),
+            TranslateError::Tokenizer(e) => Self::Tokenizer(e),
+            TranslateError::Io { path, problem } => Self::Io { path, problem },
+            TranslateError::InvalidConfig {
+                field,
+                value,
+                expected,
+            } => Self::InvalidConfig {
+                field,
+                value,
+                expected,
+            },
+            other => Self::Translate(Box::new(other)),
         }
     }
 }

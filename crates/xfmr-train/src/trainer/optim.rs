@@ -6,9 +6,9 @@ use burn::lr_scheduler::LrScheduler;
 use burn::module::AutodiffModule;
 use burn::optim::AdamConfig;
 use burn::tensor::backend::AutodiffBackend;
+use xfmr_translate::data::SplitMix64;
 
 use super::{AdamOf, Decay, TrainConfig, Trainer};
-use crate::data::SplitMix64;
 use crate::objective::{ModelOf, Objective};
 
 impl<B: AutodiffBackend, O: Objective> Trainer<B, O>

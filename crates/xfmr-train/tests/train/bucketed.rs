@@ -1,15 +1,16 @@
-//! Batches on a length ladder (`xfmr_train::ladder`): a bounded number of shapes over an epoch,
+//! Batches on a length ladder (`xfmr_models::ladder`): a bounded number of shapes over an epoch,
 //! every example exactly once, and the loss of the real tokens unchanged by the padding, for
 //! each objective. Test names carry `bucketed_batches`.
 
 use burn::backend::{Autodiff, NdArray};
 use xfmr_models::checkpoint::{self, ModelConfig};
+use xfmr_models::ladder::{BatchShape, LengthLadder};
 use xfmr_models::{DecoderOnlyConfig, EncoderOnlyConfig, TransformerConfig};
-use xfmr_train::data::{token_batches, SplitMix64};
-use xfmr_train::ladder::{BatchShape, LengthLadder};
+use xfmr_train::data::token_batches;
 use xfmr_train::objective::ModelOf;
 use xfmr_train::trainer::evaluate_loss;
 use xfmr_train::{CausalLm, Example, MaskedLm, Objective, TrainConfig, Trainer, Translation};
+use xfmr_translate::data::SplitMix64;
 
 type Infer = NdArray<f32>;
 

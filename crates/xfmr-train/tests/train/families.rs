@@ -10,13 +10,13 @@ use std::time::Duration;
 use burn::backend::{Autodiff, NdArray};
 use burn::module::AutodiffModule;
 use xfmr_models::{padded_ids, DecoderOnlyConfig, EncoderOnlyConfig, PadSide, TransformerConfig};
-use xfmr_train::data::SplitMix64;
 use xfmr_train::objective::{mask_tokens, ModelOf};
 use xfmr_train::trainer::{evaluate_loss, load_model, Event, Silent};
 use xfmr_train::{
     run_replicas, CausalLm, DataParallelConfig, Example, MaskedLm, Objective, Observer, StepReport,
     TrainConfig, TrainError, Trainer, Translation,
 };
+use xfmr_translate::data::SplitMix64;
 
 use crate::trainer::{lock, params};
 

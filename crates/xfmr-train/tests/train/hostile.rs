@@ -11,8 +11,8 @@ use serde_json::Value;
 use xfmr_models::checkpoint::{self, ModelConfig, CONFIG_FILE, WEIGHTS_FILE};
 use xfmr_models::{DecoderOnlyConfig, ModelError, TransformerConfig};
 use xfmr_testing::error_chain;
-use xfmr_train::data::Pair;
 use xfmr_train::{RunDir, Task, TrainError};
+use xfmr_translate::Pair;
 
 /// A run directory in `root` with a vocabulary and a final model of `config` (fresh weights:
 /// loading does not care whether they were trained).

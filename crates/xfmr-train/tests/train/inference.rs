@@ -2,11 +2,11 @@
 
 use burn::backend::NdArray;
 
-use xfmr_train::data::Pair;
 use xfmr_train::inference::{encoder_ids, fill_mask, FillMaskError};
 use xfmr_train::spec::{Preset, RunSpec, Task};
-use xfmr_train::tokenizer::MASK;
 use xfmr_train::trainer::TrainConfig;
+use xfmr_translate::tokenizer::MASK;
+use xfmr_translate::Pair;
 
 /// An untrained `mlm` model ranks `k` fillers per mask, most probable first, with
 /// probabilities of one softmax; a text without a mask and a vocabulary without the mask

@@ -1,11 +1,11 @@
 //! A run directory's layout and files (`RunDir`), and the run specification's presets and
 //! JSON shape (`RunSpec`, `train-config.json`).
 
-use xfmr_train::data::Pair;
+use xfmr_models::ladder::LengthLadder;
 use xfmr_train::run_dir::RunDir;
 use xfmr_train::spec::{Preset, RunSpec, Task};
 use xfmr_train::trainer::{MetricsFormat, TrainConfig};
-use xfmr_train::LengthLadder;
+use xfmr_translate::Pair;
 
 fn pairs() -> Vec<Pair> {
     [
@@ -41,7 +41,10 @@ fn paths_keep_the_names_of_existing_runs() {
     assert_eq!(name(run.attention_dir()), "r/attention");
     assert_eq!(name(run.results_path()), "r/results.json");
     assert_eq!(name(run.test_translations_path("beam")), "r/test.beam.txt");
-    assert_eq!(xfmr_train::translate::DECODING_FILE, RunDir::DECODING_FILE);
+    assert_eq!(
+        xfmr_translate::translate::DECODING_FILE,
+        RunDir::DECODING_FILE
+    );
 }
 
 /// A run's task: its specification's; a run from before specifications (checkpoints or a

@@ -8,9 +8,9 @@ use burn::backend::{Autodiff, NdArray};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use xfmr_models::TransformerConfig;
-use xfmr_train::data::SplitMix64;
 use xfmr_train::trainer::{average_checkpoints, evaluate_loss, load_model};
 use xfmr_train::{Decay, Example, RunDir, TrainConfig, TrainError, Trainer, Translation};
+use xfmr_translate::data::SplitMix64;
 
 type Train = Autodiff<NdArray<f32>>;
 type Infer = NdArray<f32>;

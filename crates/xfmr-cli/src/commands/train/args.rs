@@ -5,8 +5,10 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
+use xfmr::models::ladder::LengthLadder;
 use xfmr_train::spec::DEFAULT_VOCAB_SIZE;
-use xfmr_train::{LengthLadder, Preset, RunSpec, SubwordTokenizer, Task, TrainConfig};
+use xfmr_train::{Preset, RunSpec, Task, TrainConfig};
+use xfmr_translate::SubwordTokenizer;
 
 use crate::backend::BackendArg;
 use crate::runs::finite;
@@ -117,7 +119,7 @@ pub struct Args {
     /// Pad batches to a ladder of sequence lengths (16, 24, 32, 48, 64, 96, 128, … tokens),
     /// each with one row count (`max-tokens / length`), so that training, validation and the
     /// test evaluation's source batches meet a few shapes: the GPU backends compile and
-    /// autotune kernels for every new shape (xfmr_train::ladder). `auto`: on for wgpu and cuda,
+    /// autotune kernels for every new shape (xfmr::models::ladder). `auto`: on for wgpu and cuda,
     /// off for the CPU backends (nothing to compile there; the padding would cost time). Part
     /// of the recipe: a resumed run keeps its checkpoint's batches; the evaluation follows the
     /// flag.
@@ -145,7 +147,7 @@ pub enum DecayArg {
 pub enum LadderArg {
     /// On for the GPU backends (wgpu, cuda), off for the CPU ones.
     Auto,
-    /// Batches padded to the ladder ([`xfmr_train::LengthLadder::default`]).
+    /// Batches padded to the ladder ([`LengthLadder::default`]).
     On,
     /// Each batch padded to its longest sequence.
     Off,

@@ -9,9 +9,10 @@ use xfmr_train::kernel_cache::KernelCache;
 use xfmr_train::objective::ModelOf;
 use xfmr_train::trainer::{MetricKind, Stop};
 use xfmr_train::{
-    DataParallelConfig, Event, MetricsFormat, MetricsLog, Objective, Observer, RunDir,
-    SubwordTokenizer, Task, TrainConfig, TrainError,
+    DataParallelConfig, Event, MetricsFormat, MetricsLog, Objective, Observer, RunDir, Task,
+    TrainConfig, TrainError,
 };
+use xfmr_translate::SubwordTokenizer;
 
 use super::args::{Args, Format};
 use crate::observe::ProgressLines;

@@ -8,17 +8,18 @@ use anyhow::Result;
 use serde_json::{json, Value};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::io::write_atomic;
+use xfmr::models::ladder::SourceBatches;
 use xfmr::models::{
     BeamOptions, DecoderOnly, DecoderOnlyConfig, EncoderOnly, EncoderOnlyConfig, SampleOptions,
     Strategy, Transformer, TransformerConfig,
 };
-use xfmr_train::data::Pair;
 use xfmr_train::inference::{continue_text, fill_mask};
-use xfmr_train::tokenizer::MASK;
-use xfmr_train::translate::{
+use xfmr_train::{RunDir, Task};
+use xfmr_translate::tokenizer::MASK;
+use xfmr_translate::translate::{
     choose_length_penalty, score, score_by_source_length, DecodingChoice, LENGTH_PENALTIES,
 };
-use xfmr_train::{RunDir, SourceBatches, SubwordTokenizer, Task};
+use xfmr_translate::{Pair, SubwordTokenizer};
 
 use crate::runs::load_run;
 use crate::translation::{
@@ -33,7 +34,7 @@ const LENGTH_PENALTY_PAIRS: usize = 500;
 /// (the first 500 pairs of) `valid` unless `given`, and records it in the run
 /// (`decoding.json`; a given one too); then greedy and beam BLEU/chrF on `test` and a few
 /// translations, and the attention maps of a short test sentence. Every search reads its
-/// sources in `batches` (on a length ladder on the GPU backends: [`xfmr_train::ladder`]). With no test sentences it
+/// sources in `batches` (on a length ladder on the GPU backends: [`xfmr::models::ladder`]). With no test sentences it
 /// does none of this, and, like a run without validation pairs or with greedy search only,
 /// keeps no `decoding.json` of an earlier model.
 pub(super) fn translation<B: Backend>(
@@ -166,7 +167,7 @@ fn evaluate<B: Backend>(
             .collect();
         let mut entry = json!({"bleu": scores.bleu.score, "chrf": scores.chrf,
                    "sentences": test.len(), "bp": scores.bleu.bp,
-                   "bleu_detail": xfmr_train::translate::sacrebleu_line(&scores.bleu),
+                   "bleu_detail": xfmr_translate::translate::sacrebleu_line(&scores.bleu),
                    "seconds": seconds, "by_source_length": by_length});
         if name == "beam" {
             entry["beam_size"] = json!(beam.max(1));

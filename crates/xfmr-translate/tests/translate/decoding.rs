@@ -7,15 +7,16 @@ use burn::backend::NdArray;
 use burn::module::{Module, ModuleMapper, Param};
 use burn::tensor::{Tensor, TensorData};
 use xfmr_models::generate::Cancel;
+use xfmr_models::ladder::{LengthLadder, SourceBatches};
 use xfmr_models::{
     BeamOptions, GenerationOptions, ModelError, Strategy, Transformer, TransformerConfig,
 };
-use xfmr_train::data::{Pair, SplitMix64};
-use xfmr_train::translate::{
+use xfmr_translate::data::{Pair, SplitMix64};
+use xfmr_translate::translate::{
     choose_length_penalty, encode_sources, max_source_tokens, sacrebleu_line, score, translate,
     translate_best, translate_ids, DecodingChoice, Overlong, SourceLimit, DECODING_FILE,
 };
-use xfmr_train::{LengthLadder, SourceBatches, SubwordTokenizer, TrainError};
+use xfmr_translate::{SubwordTokenizer, TranslateError};
 
 type Infer = NdArray<f32>;
 
@@ -169,7 +170,10 @@ fn the_length_penalty_with_the_best_bleu_is_chosen() {
     // No pairs, greedy search, no penalties, a penalty that is not finite.
     let invalid = |pairs: &[Pair], beam: usize, candidates: &[f64]| {
         let r = choose_length_penalty(&model, &tok, pairs, beam, candidates, MAX_LEN, 32);
-        assert!(matches!(r, Err(TrainError::InvalidConfig { .. })), "{r:?}")
+        assert!(
+            matches!(r, Err(TranslateError::InvalidConfig { .. })),
+            "{r:?}"
+        )
     };
     invalid(&[], BEAM, &[0.6]);
     invalid(&pairs, 1, &[0.6]);
@@ -292,14 +296,14 @@ fn translate_stops_when_cancelled() {
             assert!(
                 matches!(
                     translate(&model, &tok, &sources, &options, 4),
-                    Err(TrainError::Model(ModelError::Cancelled))
+                    Err(TranslateError::Model(ModelError::Cancelled))
                 ),
                 "{strategy:?}, {token:?}"
             );
             assert!(
                 matches!(
                     translate_best(&model, &tok, &sources, &options, 4),
-                    Err(TrainError::Model(ModelError::Cancelled))
+                    Err(TranslateError::Model(ModelError::Cancelled))
                 ),
                 "{strategy:?}, {token:?}"
             );
@@ -350,7 +354,7 @@ fn sources_beyond_the_models_positions_are_refused_or_truncated() {
     let out = translate(&model, &tok, &["a b", &fits], &options, 4).unwrap();
     assert_eq!(out.len(), 2);
     match translate(&model, &tok, &["a b", &fits, &over], &options, 4) {
-        Err(TrainError::SourceTooLong {
+        Err(TranslateError::SourceTooLong {
             index: 2,
             tokens: Some(13),
             bytes,
@@ -362,7 +366,7 @@ fn sources_beyond_the_models_positions_are_refused_or_truncated() {
     assert!(
         matches!(
             e,
-            TrainError::SourceTooLong {
+            TranslateError::SourceTooLong {
                 index: 1,
                 tokens: None,
                 bytes: 1_000_000,

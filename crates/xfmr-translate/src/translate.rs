@@ -1,5 +1,6 @@
-//! From text to ids and back: encoding a corpus for training, translating sentences with a
-//! trained model (greedy or beam, n-best), scoring translations with BLEU and chrF.
+//! Translating sentences with a trained model (greedy or beam, n-best), choosing and keeping
+//! beam search's length penalty, the attention maps of one translation, and scoring
+//! translations with BLEU and chrF.
 
 use std::path::Path;
 
@@ -9,12 +10,13 @@ use serde::{Deserialize, Serialize};
 use xfmr_io::write_atomic;
 use xfmr_models::{BeamOptions, GenerationOptions, ModelError, Strategy, Transformer};
 
+use xfmr_models::framed;
+use xfmr_models::ladder::{record_shape, SourceBatches};
+
 use crate::data::Pair;
-use crate::ladder::{record_shape, SourceBatches};
+use crate::error::TranslateError;
 use crate::metrics::{corpus_bleu, corpus_chrf, BleuScore, MetricError};
-use crate::objective::{framed, Example};
 use crate::tokenizer::SubwordTokenizer;
-use crate::trainer::TrainError;
 
 mod sources;
 
@@ -22,26 +24,6 @@ pub use sources::{
     encode_sources, max_source_tokens, EncodedSources, Overlong, SourceLimit,
     DEFAULT_MAX_SOURCE_TOKENS,
 };
-
-/// Subword ids of every pair (no start or end tokens: the trainer adds them).
-///
-/// # Errors
-/// [`TrainError::Tokenizer`] if a sentence cannot be encoded.
-pub fn encode_pairs(
-    tokenizer: &SubwordTokenizer,
-    pairs: &[Pair],
-) -> Result<Vec<Example>, TrainError> {
-    let ids = |text: &str| -> Result<Vec<u32>, TrainError> { Ok(tokenizer.encode(text)?) };
-    pairs
-        .iter()
-        .map(|p| {
-            Ok(Example {
-                src: ids(&p.src)?,
-                tgt: ids(&p.tgt)?,
-            })
-        })
-        .collect()
-}
 
 /// One candidate translation.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,7 +41,7 @@ pub struct Candidate {
 
 /// Translates `sentences`, `batches.rows` at a time (sorted by length so a batch wastes little
 /// padding; results in input order), each batch padded as `batches` says (a `usize`: to its
-/// longest source; [`SourceBatches::with_ladder`]: to a few shapes, [`crate::ladder`]). Each
+/// longest source; [`SourceBatches::with_ladder`]: to a few shapes, [`xfmr_models::ladder`]). Each
 /// source gets the end token appended, as in training; decoding starts from `bos_id`. Returns
 /// per sentence its candidates, best first.
 ///
@@ -69,15 +51,15 @@ pub struct Candidate {
 /// step.
 ///
 /// # Errors
-/// [`TrainError::SourceTooLong`] naming the source; encoding, an id outside the vocabulary,
-/// invalid options; `TrainError::Model(ModelError::Cancelled)` once cancelled.
+/// [`TranslateError::SourceTooLong`] naming the source; encoding, an id outside the vocabulary,
+/// invalid options; `TranslateError::Model(ModelError::Cancelled)` once cancelled.
 pub fn translate<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &SubwordTokenizer,
     sentences: &[&str],
     options: &GenerationOptions,
     batches: impl Into<SourceBatches>,
-) -> Result<Vec<Vec<Candidate>>, TrainError> {
+) -> Result<Vec<Vec<Candidate>>, TranslateError> {
     options.check_cancelled()?;
     let sources = encode_sources(tokenizer, sentences, SourceLimit::of_model(model))?;
     translate_ids(model, tokenizer, &sources.ids, options, batches)
@@ -87,7 +69,7 @@ pub fn translate<B: Backend>(
 ///
 /// # Errors
 /// An id outside the vocabulary, invalid options, a source longer than a learned position
-/// table; `TrainError::Model(ModelError::Cancelled)` once the options' token is cancelled
+/// table; `TranslateError::Model(ModelError::Cancelled)` once the options' token is cancelled
 /// (checked before each batch and each decoding step).
 pub fn translate_ids<B: Backend>(
     model: &Transformer<B>,
@@ -95,7 +77,7 @@ pub fn translate_ids<B: Backend>(
     sources: &[Vec<u32>],
     options: &GenerationOptions,
     batches: impl Into<SourceBatches>,
-) -> Result<Vec<Vec<Candidate>>, TrainError> {
+) -> Result<Vec<Vec<Candidate>>, TranslateError> {
     let batches = batches.into();
     let mut order: Vec<usize> = (0..sources.len()).collect();
     order.sort_by_key(|&i| sources[i].len());
@@ -120,7 +102,7 @@ pub fn translate_ids<B: Backend>(
                         attention: h.attention,
                     })
                 })
-                .collect::<Result<Vec<_>, TrainError>>()?;
+                .collect::<Result<Vec<_>, TranslateError>>()?;
         }
     }
     Ok(out)
@@ -137,7 +119,7 @@ pub fn translate_best<B: Backend>(
     sentences: &[&str],
     options: &GenerationOptions,
     batches: impl Into<SourceBatches>,
-) -> Result<Vec<String>, TrainError> {
+) -> Result<Vec<String>, TranslateError> {
     Ok(translate(model, tokenizer, sentences, options, batches)?
         .into_iter()
         .map(|c| c.into_iter().next().map(|c| c.text).unwrap_or_default())
@@ -151,7 +133,7 @@ pub fn translate_best<B: Backend>(
 pub const LENGTH_PENALTIES: [f64; 4] = [0.6, 1.0, 1.5, 2.0];
 
 /// Where a run directory records the length penalty chosen for it ([`DecodingChoice::save`]).
-pub const DECODING_FILE: &str = crate::run_dir::RunDir::DECODING_FILE;
+pub const DECODING_FILE: &str = "decoding.json";
 
 /// The beam search length penalty α chosen for a trained model on held-out pairs, as the paper
 /// chose its α = 0.6 and beam 4 "after experimentation on the development set"; what
@@ -183,12 +165,12 @@ impl DecodingChoice {
     /// Writes it to `run_dir`'s [`DECODING_FILE`] (temporary file, then rename).
     ///
     /// # Errors
-    /// [`TrainError::Io`] naming the file, also for an α that is not finite or a beam size of
+    /// [`TranslateError::Io`] naming the file, also for an α that is not finite or a beam size of
     /// 0 (nothing is written).
-    pub fn save(&self, run_dir: &Path) -> Result<(), TrainError> {
+    pub fn save(&self, run_dir: &Path) -> Result<(), TranslateError> {
         let path = run_dir.join(DECODING_FILE);
         self.check(&path)?;
-        let json = serde_json::to_vec_pretty(self).map_err(|e| TrainError::io(&path, e))?;
+        let json = serde_json::to_vec_pretty(self).map_err(|e| TranslateError::io(&path, e))?;
         Ok(write_atomic(&path, &json)?)
     }
 
@@ -196,16 +178,17 @@ impl DecodingChoice {
     /// existed, or without held-out pairs).
     ///
     /// # Errors
-    /// [`TrainError::Io`] naming the file when it cannot be read or parsed, or holds an α that
+    /// [`TranslateError::Io`] naming the file when it cannot be read or parsed, or holds an α that
     /// is not finite or a beam size of 0.
-    pub fn load(run_dir: &Path) -> Result<Option<Self>, TrainError> {
+    pub fn load(run_dir: &Path) -> Result<Option<Self>, TranslateError> {
         let path = run_dir.join(DECODING_FILE);
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(TrainError::io(&path, e)),
+            Err(e) => return Err(TranslateError::io(&path, e)),
         };
-        let choice: Self = serde_json::from_slice(&bytes).map_err(|e| TrainError::io(&path, e))?;
+        let choice: Self =
+            serde_json::from_slice(&bytes).map_err(|e| TranslateError::io(&path, e))?;
         choice.check(&path)?;
         Ok(Some(choice))
     }
@@ -215,7 +198,7 @@ impl DecodingChoice {
     ///
     /// # Errors
     /// As [`DecodingChoice::load`].
-    pub fn length_penalty_of(run_dir: &Path) -> Result<f64, TrainError> {
+    pub fn length_penalty_of(run_dir: &Path) -> Result<f64, TranslateError> {
         Ok(
             Self::load(run_dir)?
                 .map_or(BeamOptions::default().length_penalty, |c| c.length_penalty),
@@ -226,19 +209,19 @@ impl DecodingChoice {
     /// given a length penalty must not keep the one of an earlier model.
     ///
     /// # Errors
-    /// [`TrainError::Io`] naming the file.
-    pub fn forget(run_dir: &Path) -> Result<(), TrainError> {
+    /// [`TranslateError::Io`] naming the file.
+    pub fn forget(run_dir: &Path) -> Result<(), TranslateError> {
         let path = run_dir.join(DECODING_FILE);
         match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TrainError::io(&path, e)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(TranslateError::io(&path, e)),
             _ => Ok(()),
         }
     }
 
     /// A finite α and a beam of at least 1, or an error naming `path`.
-    fn check(&self, path: &Path) -> Result<(), TrainError> {
+    fn check(&self, path: &Path) -> Result<(), TranslateError> {
         if !self.length_penalty.is_finite() || self.beam_size == 0 {
-            return Err(TrainError::io(
+            return Err(TranslateError::io(
                 path,
                 format!(
                     "length_penalty {} must be finite and beam_size {} at least 1",
@@ -259,7 +242,7 @@ impl DecodingChoice {
 /// early; see [`LENGTH_PENALTIES`]).
 ///
 /// # Errors
-/// [`TrainError::InvalidConfig`] for no pairs, no candidates, a candidate that is not finite
+/// [`TranslateError::InvalidConfig`] for no pairs, no candidates, a candidate that is not finite
 /// or a beam size below 2; encoding and generation errors.
 pub fn choose_length_penalty<B: Backend>(
     model: &Transformer<B>,
@@ -269,9 +252,9 @@ pub fn choose_length_penalty<B: Backend>(
     candidates: &[f64],
     max_len: usize,
     batches: impl Into<SourceBatches>,
-) -> Result<DecodingChoice, TrainError> {
+) -> Result<DecodingChoice, TranslateError> {
     let batches = batches.into();
-    let invalid = |field, value: String, expected| TrainError::InvalidConfig {
+    let invalid = |field, value: String, expected| TranslateError::InvalidConfig {
         field,
         value,
         expected,
@@ -348,7 +331,7 @@ pub fn translation_attention<B: Backend>(
     tokenizer: &SubwordTokenizer,
     sentence: &str,
     max_len: usize,
-) -> Result<TranslationAttention, TrainError> {
+) -> Result<TranslationAttention, TranslateError> {
     let device = model.src_embedding.weight.device();
     let options = GenerationOptions::greedy(max_len, tokenizer.eos_id(), tokenizer.pad_id());
     let candidate = translate(model, tokenizer, &[sentence], &options, 1)?
@@ -366,7 +349,7 @@ pub fn translation_attention<B: Backend>(
         Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, n]), &device)
     };
     let maps = model.forward_with_attention(tensor(&src), tensor(&tgt_in))?;
-    let host = |layers: Vec<Tensor<B, 4>>| -> Result<Vec<Vec<f32>>, TrainError> {
+    let host = |layers: Vec<Tensor<B, 4>>| -> Result<Vec<Vec<f32>>, TranslateError> {
         layers
             .into_iter()
             .map(|w| {
@@ -374,7 +357,7 @@ pub fn translation_attention<B: Backend>(
                     .convert::<f32>()
                     .into_vec::<f32>()
                     .map_err(|e| {
-                        TrainError::Model(ModelError::InvalidInput(format!(
+                        TranslateError::Model(ModelError::InvalidInput(format!(
                             "attention weights: {e:?}"
                         )))
                     })

@@ -16,14 +16,14 @@
 //! it adds nothing to the loss or to the gradient. The loss of the real tokens is the same, up
 //! to the order of float additions (tested: `bucketed_batches_*`).
 //!
-//! **Decoding.** [`SourceBatches`] pads the source batches of [`translate`](crate::translate)
+//! **Decoding.** [`SourceBatches`] pads the source batches of `xfmr_translate::translate`
 //! the same way (the rung of the batch's longest source; rows filled with copies of the batch's
 //! own sources, which end when their originals do, so the search takes no extra step). The
 //! cached decoding steps are not bounded: step `t` attends over a cache of `t` keys, so a
 //! translation of up to `T` tokens meets `T` key lengths (the cache would have to be
 //! preallocated at a fixed length and masked, in `xfmr-attention`).
 //!
-//! Off by default in the library ([`TrainConfig::ladder`](crate::TrainConfig::ladder) `None`);
+//! Off by default in the library (`xfmr_train::TrainConfig::ladder` `None`);
 //! `xfmr train` turns it on for the GPU backends.
 
 use std::collections::BTreeSet;
@@ -77,7 +77,7 @@ impl LengthLadder {
     }
 
     /// The length a sequence of `len` tokens is padded to: the smallest rung that holds it, but
-    /// at most `cap` (the model's learned position table, [`Objective::max_positions`](crate::Objective::max_positions));
+    /// at most `cap` (the model's learned position table, `xfmr_train::Objective::max_positions`);
     /// never less than `len`.
     pub fn rung(&self, len: usize, cap: Option<usize>) -> usize {
         let rung = (0..)
@@ -105,7 +105,7 @@ impl LengthLadder {
     /// (`lengths`: `(input, output)` tokens per example), the examples of a rung are sorted by
     /// length and cut into batches of [`LengthLadder::rows`] rows (the last one shorter). Every
     /// example is in exactly one batch; batches come by rung, shortest first (shuffle them per
-    /// epoch with [`shuffled`](crate::data::shuffled)). Returns indices into `lengths`.
+    /// epoch with `xfmr_train::data::shuffled`). Returns indices into `lengths`.
     pub fn batches(
         &self,
         lengths: &[(usize, usize)],
@@ -160,7 +160,7 @@ pub(crate) fn longest(batch: &[usize], lengths: &[(usize, usize)]) -> usize {
 
 /// `rows` right-padded with `pad` to `len` tokens each, and `filler` rows appended until there
 /// are `shape.rows` (none without a shape). Rows longer than `shape.len` are left as they are.
-pub(crate) fn fill(rows: &mut Vec<Vec<u32>>, pad: u32, filler: &[u32], shape: Option<BatchShape>) {
+pub fn fill(rows: &mut Vec<Vec<u32>>, pad: u32, filler: &[u32], shape: Option<BatchShape>) {
     let Some(shape) = shape else { return };
     while rows.len() < shape.rows {
         rows.push(filler.to_vec());
@@ -172,7 +172,7 @@ pub(crate) fn fill(rows: &mut Vec<Vec<u32>>, pad: u32, filler: &[u32], shape: Op
     }
 }
 
-/// How [`translate`](crate::translate::translate) batches its sources: `rows` sentences at a
+/// How `xfmr_translate::translate` batches its sources: `rows` sentences at a
 /// time, and with a ladder every batch padded to `rows` rows (copies of its own sources) and to
 /// the rung of its longest source (see the module docs). `usize` converts into it (no ladder),
 /// so `translate(.., 32)` reads as before.
@@ -208,7 +208,7 @@ impl SourceBatches {
     /// `batch` (framed sources) padded to its shape: rows filled with copies of its own rows
     /// (in turn), each row right-padded with `pad` to the rung of the longest. Without a ladder,
     /// `batch` as it is.
-    pub(crate) fn pad(&self, mut batch: Vec<Vec<u32>>, pad: u32) -> Vec<Vec<u32>> {
+    pub fn pad(&self, mut batch: Vec<Vec<u32>>, pad: u32) -> Vec<Vec<u32>> {
         let Some(ladder) = self.ladder else {
             return batch;
         };
@@ -231,14 +231,14 @@ impl From<usize> for SourceBatches {
     }
 }
 
-/// Every distinct batch shape the objectives' losses and [`translate`](crate::translate::translate)
-/// have padded in this process, with what padded it (a diagnostic: `xfmr train` prints their
+/// Every distinct batch shape the objectives' losses and `xfmr_translate::translate` have
+/// padded in this process, with what padded it (a diagnostic: `xfmr train` prints their
 /// count; each is a set of kernels a GPU backend compiles).
 static SEEN: Mutex<BTreeSet<(&'static str, [usize; 3])>> = Mutex::new(BTreeSet::new());
 
 /// Records a padded batch shape (`what`: `"translation"`, `"lm"`, `"mlm"` or `"decoding"`;
 /// `dims`: rows and the two sides' lengths, the second 0 for decoding's sources).
-pub(crate) fn record_shape(what: &'static str, dims: [usize; 3]) {
+pub fn record_shape(what: &'static str, dims: [usize; 3]) {
     SEEN.lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert((what, dims));

@@ -6,14 +6,15 @@ use burn::tensor::backend::Backend;
 use xfmr_blocks::Positions;
 use xfmr_models::Transformer;
 
-use crate::objective::framed;
+use xfmr_models::framed;
+
+use crate::error::TranslateError;
 use crate::tokenizer::SubwordTokenizer;
-use crate::trainer::TrainError;
 
 /// What a [`SourceLimit`] does with a source longer than it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overlong {
-    /// Refuse it: [`TrainError::SourceTooLong`] naming its index.
+    /// Refuse it: [`TranslateError::SourceTooLong`] naming its index.
     Refuse,
     /// Keep its first tokens, the end token still appended.
     Truncate,
@@ -99,19 +100,19 @@ pub struct EncodedSources {
 /// before it is tokenised, or only that many of its first bytes are tokenised.
 ///
 /// # Errors
-/// [`TrainError::SourceTooLong`] naming the first source over the limit (with
-/// [`Overlong::Refuse`]); [`TrainError::Tokenizer`].
+/// [`TranslateError::SourceTooLong`] naming the first source over the limit (with
+/// [`Overlong::Refuse`]); [`TranslateError::Tokenizer`].
 pub fn encode_sources(
     tokenizer: &SubwordTokenizer,
     sentences: &[&str],
     limit: SourceLimit,
-) -> Result<EncodedSources, TrainError> {
+) -> Result<EncodedSources, TranslateError> {
     let max_bytes = limit.max_bytes(tokenizer);
     let eos = tokenizer.eos_id();
     let mut ids = Vec::with_capacity(sentences.len());
     let mut truncated = Vec::new();
     for (index, &sentence) in sentences.iter().enumerate() {
-        let too_long = |tokens| TrainError::SourceTooLong {
+        let too_long = |tokens| TranslateError::SourceTooLong {
             index,
             tokens,
             bytes: sentence.len(),

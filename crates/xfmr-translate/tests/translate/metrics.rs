@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 use xfmr_testing::{fixtures_dir, FIXTURES_ENV};
-use xfmr_train::metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, MetricError};
+use xfmr_translate::metrics::{corpus_bleu, corpus_chrf, sentence_bleu, tokenize_13a, MetricError};
 
 /// Scores are percentages; sacreBLEU prints two decimals, the issue asks for agreement to 0.01.
 const SCORE_TOL: f64 = 0.01;
@@ -175,7 +175,7 @@ fn metrics_reject_mismatched_streams() {
 /// sentence scores as the whole corpus.
 #[test]
 fn scores_by_source_length_partition_the_corpus() {
-    use xfmr_train::translate::{score, score_by_source_length};
+    use xfmr_translate::translate::{score, score_by_source_length};
     let sources = [
         "corta",
         "una frase de longitud media",

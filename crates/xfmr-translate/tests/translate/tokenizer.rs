@@ -1,6 +1,6 @@
 //! The shared BPE vocabulary: special ids, lossless round trips, saving and loading, errors.
 
-use xfmr_train::tokenizer::{SubwordTokenizer, TokenizerError, BOS, EOS, PAD, UNK};
+use xfmr_translate::tokenizer::{SubwordTokenizer, TokenizerError, BOS, EOS, PAD, UNK};
 
 fn corpus() -> Vec<String> {
     let base = [
