@@ -358,7 +358,13 @@ fn architecture_no_source_file_over_500_lines() {
 #[test]
 fn architecture_no_unit_tests_in_targets_built_without_tests() {
     let mut checked = 0;
-    for member in members() {
+    // The vendored burn crates (vendor/PATCHED.md) keep their authors' unit tests as released:
+    // they need burn's GPU backends, and xfmr's data-parallel tests exercise those crates instead.
+    let vendored = root().join("vendor");
+    for member in members()
+        .into_iter()
+        .filter(|m| !m.dir.starts_with(&vendored))
+    {
         let untested =
             |target: &toml::Value| target.get("test").and_then(|t| t.as_bool()) == Some(false);
         let mut roots = Vec::new();

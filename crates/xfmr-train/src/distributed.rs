@@ -1,6 +1,7 @@
-//! Data-parallel training on burn's collective operations (`burn::collective`, the
-//! `burn-collective` crate): `nodes` processes (one per machine, or several on one), each
-//! holding `devices` full replicas of the model, one per device, each on its own thread.
+//! Data-parallel training on burn's collective operations (the `burn-collective` crate, as
+//! xfmr's patched copy `xfmr-burn-collective`: `vendor/PATCHED.md`): `nodes` processes (one per
+//! machine, or several on one), each holding `devices` full replicas of the model, one per
+//! device, each on its own thread.
 //!
 //! **Replicas.** Replica `r = node · devices + device` of `R = nodes · devices`. Node 0's device
 //! 0 is the *leader*: the one replica that writes checkpoints and metrics.
@@ -30,13 +31,14 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use burn::collective::{
-    self, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId, ReduceOperation,
-};
 use burn::module::{Module, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn_collective::{
+    self as collective, AllReduceStrategy, CollectiveConfig, CollectiveError, PeerId,
+    ReduceOperation,
+};
 use burn_communication::Address;
 use serde::{Deserialize, Serialize};
 
