@@ -244,7 +244,7 @@ pub fn record_shape(what: &'static str, dims: [usize; 3]) {
         .insert((what, dims));
 }
 
-/// The distinct batch shapes padded in this process so far (see [`SEEN`]), sorted.
+/// The distinct batch shapes padded in this process so far (recorded by [`record_shape`]), sorted.
 pub fn shapes_seen() -> Vec<(&'static str, [usize; 3])> {
     let seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     seen.iter().copied().collect()

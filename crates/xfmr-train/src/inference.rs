@@ -2,7 +2,7 @@
 //! model ([`CausalLm`](crate::CausalLm)'s [`DecoderOnly`]), filling in masks with the masked
 //! one ([`MaskedLm`](crate::MaskedLm)'s [`EncoderOnly`]), and the token ids each reads as it
 //! read them in training. (A translation run's model translates through
-//! [`translate`](crate::translate).)
+//! `xfmr_translate::translate`.)
 
 use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;

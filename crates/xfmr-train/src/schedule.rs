@@ -1,7 +1,7 @@
 //! The learning-rate schedule of the paper (§5.3).
 //!
 //! `lrate = factor · d_model^−0.5 · min(step^−0.5, step · warmup^−1.5)`: burn's
-//! [`NoamLrScheduler`](burn::lr_scheduler::noam::NoamLrScheduler), built by [`noam_schedule`].
+//! [`NoamLrScheduler`], built by [`noam_schedule`].
 //! (The label-smoothed loss of §5.4 that every objective minimises is xfmr-models'
 //! [`LabelSmoothedCrossEntropy`](xfmr_models::LabelSmoothedCrossEntropy).)
 

@@ -6,8 +6,8 @@
 //! - [`tokenizer`]: the shared source/target BPE vocabulary ([`SubwordTokenizer`]), learnt on
 //!   the training split and saved as a standard `tokenizer.json` (every model family of
 //!   `xfmr-train` uses it).
-//! - [`translate`]: translation with a trained [`Transformer`](xfmr_models::Transformer)
-//!   (greedy or beam, n-best, sources batched and bounded by the model's positions), the
+//! - [`translate`](mod@translate): translation with a trained
+//!   [`Transformer`](xfmr_models::Transformer) (greedy or beam, n-best, sources batched and bounded by the model's positions), the
 //!   attention maps of one translation, and beam search's [`DecodingChoice`] (the length penalty
 //!   chosen on held-out pairs, kept in the run directory).
 //! - [`metrics`]: corpus and sentence BLEU and chrF, as sacreBLEU 2.6 computes them.

@@ -77,7 +77,7 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
     fn targets(&self, example: &Self::Example, draw: u64) -> usize;
 
     /// The longest sequence the model's positions hold (a learned table's rows; `None`: no
-    /// bound), which caps a [`LengthLadder`](crate::ladder::LengthLadder)'s padded length.
+    /// bound), which caps a [`LengthLadder`](xfmr_models::ladder::LengthLadder)'s padded length.
     /// Default: `None`.
     fn max_positions(&self) -> Option<usize> {
         None
@@ -91,7 +91,7 @@ pub trait Objective: Clone + Debug + Serialize + DeserializeOwned + Send + Sync 
 
     /// What `model` predicts for `batch` (one draw per example, see the module docs) and the
     /// targets it is scored against, padded to `shape` (every sequence to `shape.len` tokens,
-    /// and rows that predict nothing up to `shape.rows`; see [`crate::ladder`]) or, with
+    /// and rows that predict nothing up to `shape.rows`; see [`xfmr_models::ladder`]) or, with
     /// `None`, to the batch's longest sequence. Padding does not change the predictions of
     /// real targets.
     ///

@@ -22,7 +22,7 @@ pub struct TrainConfig {
     #[config(default = 4096)]
     pub max_tokens: usize,
     /// Pad batches to a ladder of lengths and row counts, so that a run meets a few batch
-    /// shapes (GPU backends compile kernels per shape; [`crate::ladder`]); `None`: each
+    /// shapes (GPU backends compile kernels per shape; [`xfmr_models::ladder`]); `None`: each
     /// micro-batch padded to its longest sequence. Part of the recipe (it decides the batches):
     /// a resumed run keeps its checkpoint's, and a configuration written before this field
     /// existed reads as `None`. `xfmr train` turns it on for wgpu and CUDA.

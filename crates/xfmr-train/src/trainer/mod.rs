@@ -29,7 +29,7 @@
 //! (batches, draws, the validation loss), `store.rs` (checkpoints on disk: listing, atomic
 //! writing, verification, loading and averaging), `optim.rs` (Adam, the learning rate, each
 //! step's seed), `run.rs` (the run and its observer), `log.rs` (the metrics log); the step
-//! itself is here. A run directory's layout is [`RunDir`](crate::RunDir)'s.
+//! itself is here. A run directory's layout is [`RunDir`]'s.
 
 use std::fs;
 use std::path::Path;
@@ -187,8 +187,9 @@ where
         )
     }
 
-    /// Resumes the run saved in checkpoint directory `dir` (see [`latest_checkpoint`]) on the
-    /// same examples, with the objective and configuration saved there.
+    /// Resumes the run saved in checkpoint directory `dir` (see
+    /// [`RunDir::latest_checkpoint`]) on the same examples, with the objective and configuration
+    /// saved there.
     ///
     /// # Errors
     /// [`TrainError::Checkpoint`] for a missing, incomplete or corrupt checkpoint, one holding a
@@ -337,7 +338,7 @@ where
 
     /// The distinct padded shapes of an epoch's micro-batches, `[rows, input, output]` tokens
     /// (the whole micro-batch, before a data-parallel split): one per rung on a
-    /// [`LengthLadder`](crate::ladder::LengthLadder), about one per batch without.
+    /// [`LengthLadder`](xfmr_models::ladder::LengthLadder), about one per batch without.
     pub fn batch_shapes(&self) -> Vec<[usize; 3]> {
         let o = &self.objective;
         let mut shapes: Vec<[usize; 3]> = (self.batches.iter())

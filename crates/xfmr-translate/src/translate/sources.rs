@@ -21,8 +21,8 @@ pub enum Overlong {
 }
 
 /// How long a source sentence may be, in tokens (its end token included), and what happens to
-/// a longer one. Every front end translates under one: [`translate`] under the model's
-/// ([`SourceLimit::of_model`]), refusing; `xfmr translate` and `xfmr eval` the same, truncating
+/// a longer one. Every front end translates under one: [`translate`](super::translate()) under
+/// the model's ([`SourceLimit::of_model`]), refusing; `xfmr translate` and `xfmr eval` the same, truncating
 /// with `--truncate`. A source's cost grows with the square of its length (self-attention), so
 /// a limit is what keeps one hostile line from holding the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
