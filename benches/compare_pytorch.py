@@ -214,6 +214,12 @@ class SplitMix64:
         return z ^ (z >> 31)
 
 
+def model_positions(m):
+    """Where positions enter: the model's `positions` (a run's configuration of before
+    2026-12-03 kept it in its layer, `layer.positions`)."""
+    return m["positions"] if "positions" in m else m["layer"]["positions"]
+
+
 def shuffled(n, seed, epoch):
     """`xfmr_train::data::shuffled`: the batch order of an epoch."""
     rng = SplitMix64(seed ^ ((epoch * 0xD1B54A32D192ED03) & ((1 << 64) - 1)))

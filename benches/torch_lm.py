@@ -91,7 +91,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from compare_pytorch import shuffled, token_batches  # noqa: E402  (the ported batching)
+from compare_pytorch import model_positions, shuffled, token_batches  # noqa: E402  (ported)
 
 DATA = os.path.join(os.path.dirname(HERE), "crates", "xfmr-cli", "data", "es-en")
 
@@ -152,10 +152,9 @@ def check_portable(m):
     """Exits naming the first model option this script does not port."""
     layer = m["layer"]
     problems = []
-    if not isinstance(layer["positions"], str) or layer["positions"] not in (
-            "Learned", "Sinusoidal", "None"):
-        problems.append(f"layer.positions {json.dumps(layer['positions'])} (RoPE and ALiBi "
-                        "are not ported)")
+    positions = model_positions(m)
+    if not isinstance(positions, str) or positions not in ("Learned", "Sinusoidal", "None"):
+        problems.append(f"positions {json.dumps(positions)} (RoPE and ALiBi are not ported)")
     if layer.get("n_kv_heads") not in (None, layer["n_heads"]):
         problems.append(f"layer.n_kv_heads {layer['n_kv_heads']} (grouped heads)")
     if layer["activation"] not in ("Relu", "Gelu", "SwiGlu"):
@@ -250,7 +249,7 @@ def build_model(torch, m, device):
             self.embed = nn.Embedding(vocab, d)
             nn.init.normal_(self.embed.weight, std=d ** -0.5)
             self.scale = math.sqrt(d) if m["scale_embeddings"] else 1.0
-            positions = layer["positions"]
+            positions = model_positions(m)
             self.learned = None
             if positions == "Learned":
                 self.learned = nn.Parameter(torch.empty(m["max_len"], d))
@@ -269,7 +268,7 @@ def build_model(torch, m, device):
             x = self.embed(ids) * self.scale
             if self.learned is not None:
                 x = x + self.learned[:t]
-            elif layer["positions"] == "Sinusoidal":
+            elif model_positions(m) == "Sinusoidal":
                 table = self.sinusoids if t <= self.sinusoids.shape[0] else \
                     sinusoidal_table(torch, t, d).to(x.device)
                 x = x + table[:t]
@@ -339,7 +338,7 @@ def main():
                  f"{m['vocab_size']}")
     examples = read_sentences(os.path.join(args.data, "train.tsv"), tok, args.max_len)
     valid = read_sentences(os.path.join(args.data, "valid.tsv"), tok, args.max_len)
-    learned = m["layer"]["positions"] == "Learned"
+    learned = model_positions(m) == "Learned"
     cap = m["max_len"] if learned else None  # `Objective::max_positions`
     if learned and any(len(s) + 1 > m["max_len"] for s in examples + valid):
         sys.exit(f"a sentence exceeds the learned position table of {m['max_len']} "

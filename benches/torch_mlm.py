@@ -96,7 +96,8 @@ import time
 from fractions import Fraction
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import SplitMix64, shuffled, token_batches  # noqa: E402  (ported)
+from compare_pytorch import (  # noqa: E402  (ported)
+    SplitMix64, model_positions, shuffled, token_batches)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M64 = (1 << 64) - 1
@@ -194,7 +195,7 @@ def build_model(torch, model_cfg, gather=False):
     nn, F = torch.nn, torch.nn.functional
     m, layer = model_cfg, model_cfg["layer"]
     d, heads, d_ff = layer["d_model"], layer["n_heads"], layer["d_ff"]
-    positions = layer["positions"]
+    positions = model_positions(m)
     if layer.get("n_kv_heads") not in (None, heads) or positions not in ("Learned", "Sinusoidal") \
             or not m["mlm_head"]:
         sys.exit("torch_mlm.py ports EncoderOnly with its MLM head, learned or sinusoidal "
@@ -402,7 +403,7 @@ def main():
     tok = Tokenizer.from_file(os.path.join(args.run, "tokenizer.json"))
     if tok.get_vocab_size(with_added_tokens=True) != mcfg["vocab_size"]:
         sys.exit("tokenizer.json's vocabulary is not the model's")
-    learned = mcfg["layer"]["positions"] == "Learned"
+    learned = model_positions(mcfg) == "Learned"
     max_len = args.max_len or (min(100, mcfg["max_len"] - 2) if learned else 100)
 
     def sentences(name):

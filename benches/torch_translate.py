@@ -43,7 +43,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compare_pytorch import shuffled, token_batches  # noqa: E402  (the ported batching)
+from compare_pytorch import model_positions, shuffled, token_batches  # noqa: E402  (ported)
 
 
 def read_pairs(path, tok, max_len=None):
@@ -85,7 +85,7 @@ def xfmr_init(torch, model):
 def build_model(torch, cfg, device):
     nn = torch.nn
     m, layer = cfg["model"], cfg["model"]["layer"]
-    if layer["norm_position"] != "Post" or layer["positions"] != "Sinusoidal" \
+    if layer["norm_position"] != "Post" or model_positions(m) != "Sinusoidal" \
             or not m["share_embeddings"] or not m["tie_output"] or layer.get("n_kv_heads"):
         sys.exit("torch_translate.py ports the paper's model only: post-norm, sinusoidal "
                  "positions, shared and tied embeddings, no grouped heads")

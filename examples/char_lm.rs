@@ -75,10 +75,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Rotary positions: verses run to 330 characters, and a learned table's far rows would see
     // few updates in 300 steps.
-    let layer = DecoderOnlyConfig::gpt_layer(128, 4, 512)
-        .with_positions(PositionEncoding::rotary())
-        .with_dropout(0.1);
+    let layer = DecoderOnlyConfig::gpt_layer(128, 4, 512).with_dropout(0.1);
     let model = DecoderOnlyConfig::new(chars.len() + FIRST_CHAR as usize, layer, 3)
+        .with_positions(PositionEncoding::rotary())
         .with_max_len(400) // the longest verse has 330 characters
         .with_pad_id(PAD);
     let objective = CausalLm::new(model, BOS, EOS);

@@ -48,8 +48,8 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{ElementConversion, Int, Tensor, TensorData};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
-    add_positions, Decoder, DecoderInput, Encoder, LayerConfig, Positions, SelfAttentionInput,
-    StackConfig, TokenEmbedding, TokenEmbeddingConfig,
+    add_positions, Decoder, DecoderInput, Encoder, LayerConfig, PositionEncoding, Positions,
+    SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
 };
 
 type B = Autodiff<Wgpu>;
@@ -79,8 +79,7 @@ impl<B: Backend> Seq2Seq<B> {
             embedding: TokenEmbeddingConfig::new(VOCAB, d_model)
                 .init(device)
                 .expect("a valid embedding"),
-            positions: layer
-                .positions
+            positions: PositionEncoding::Sinusoidal
                 .init_input(1024, d_model, device)
                 .expect("valid positions"),
             dropout: layer.residual_dropout().expect("a valid dropout"),

@@ -7,13 +7,16 @@ use burn::tensor::{backend::Backend, Tensor};
 use xfmr_attention::{InvalidConfig, MultiHeadAttentionConfig};
 
 use crate::{
-    Activation, AttentionPositions, BlockError, CausalDecoder, Decoder, Encoder, FeedForward,
-    FeedForwardConfig, Norm, NormConfig, NormKind, NormPosition, PositionEncoding,
+    Activation, AttentionPositions, BlockError, CausalDecoder, Decoder, DecoderLayer, Encoder,
+    FeedForward, FeedForwardConfig, Norm, NormConfig, NormKind, NormPosition, PositionEncoding,
+    SelfAttentionLayer,
 };
 
 /// The configuration of one layer, shared by encoder, decoder and causal layers and embedded in
 /// every model configuration, so that each model exposes the same options. Defaults are the
-/// paper's (post-norm LayerNorm, ReLU, biases, full multi-head attention, sinusoids).
+/// paper's (post-norm LayerNorm, ReLU, biases, full multi-head attention). Positions are not a
+/// layer's choice: a model adds the absolute kinds to its embeddings, and a stack gives its
+/// layers the kinds that act inside self-attention ([`StackConfig::positions`]).
 #[derive(Config, Debug)]
 pub struct LayerConfig {
     /// Model width `d_model` (paper: 512).
@@ -52,10 +55,6 @@ pub struct LayerConfig {
     /// Biases on the attention and feed-forward projections (LLaMA has none). Default: true.
     #[config(default = true)]
     pub bias: bool,
-    /// Where positions enter. Default: `Sinusoidal` (paper). `Rotary` and `Alibi` act in every
-    /// self-attention sublayer; the absolute kinds are added by the model to its embeddings.
-    #[config(default = "PositionEncoding::Sinusoidal")]
-    pub positions: PositionEncoding,
 }
 
 impl LayerConfig {
@@ -145,15 +144,6 @@ impl LayerConfig {
         InvalidConfig::dropout("dropout", self.dropout)?;
         Ok(DropoutConfig::new(self.dropout).init())
     }
-
-    /// The positions applied inside self-attention (`Rotary`, `Alibi`), if any.
-    ///
-    /// # Errors
-    /// As [`PositionEncoding::init_attention`].
-    pub fn attention_positions(&self) -> Result<Option<AttentionPositions>, BlockError> {
-        InvalidConfig::positive("n_heads", self.n_heads)?;
-        self.positions.init_attention(self.n_heads, self.d_k())
-    }
 }
 
 /// Configuration of a stack of layers.
@@ -167,12 +157,18 @@ pub struct StackConfig {
     /// need one; the paper's post-norm stack has none. Default: false.
     #[config(default = false)]
     pub final_norm: bool,
+    /// The positions every layer's self-attention applies: `Rotary` or `Alibi`, or `None`
+    /// (default). The absolute kinds (`Sinusoidal`, `Learned`) are added to the embeddings
+    /// before the stack, not inside it: [`validate`](Self::validate) rejects them
+    /// ([`PositionEncoding::in_attention`] keeps what a stack applies of a model's choice).
+    #[config(default = "PositionEncoding::None")]
+    pub positions: PositionEncoding,
 }
 
 impl StackConfig {
     /// Checks the stack's sizes before anything is allocated: `n_layers` positive and at most
-    /// [`MAX_LAYERS`](crate::limits::MAX_LAYERS), and the layer's
-    /// ([`LayerConfig::validate`]).
+    /// [`MAX_LAYERS`](crate::limits::MAX_LAYERS), the layer's ([`LayerConfig::validate`]),
+    /// and `positions` one that acts inside attention.
     ///
     /// # Errors
     /// [`BlockError::InvalidConfig`] naming the field and its value.
@@ -184,59 +180,87 @@ impl StackConfig {
             self.n_layers,
             "at most 1024 (xfmr_blocks::limits::MAX_LAYERS)",
         )?;
+        InvalidConfig::check(
+            !matches!(
+                self.positions,
+                PositionEncoding::Sinusoidal | PositionEncoding::Learned
+            ),
+            "positions",
+            format!("{:?}", self.positions),
+            "Rotary, Alibi or None: absolute positions are added to the embeddings, before \
+             the stack",
+        )?;
         self.layer.validate()
     }
 
-    fn checked<B: Backend>(&self, device: &B::Device) -> Result<Option<Norm<B>>, BlockError> {
+    /// The stack's `n_layers` layers built by `init`, each given the positions its
+    /// self-attention applies, and the final norm, if any, after [`validate`](Self::validate)
+    /// (the layers are built before the positions, so that a layer's own error, heads that do
+    /// not divide `d_model` say, comes first).
+    fn build<B: Backend, L>(
+        &self,
+        device: &B::Device,
+        init: impl Fn(&LayerConfig, &B::Device) -> Result<L, BlockError>,
+        with_positions: impl Fn(L, Option<AttentionPositions>) -> L,
+    ) -> Result<(Vec<L>, Option<Norm<B>>), BlockError> {
         self.validate()?;
-        self.final_norm
+        let norm = self
+            .final_norm
             .then(|| self.layer.norm_config().init(device))
-            .transpose()
+            .transpose()?;
+        let layers = (0..self.n_layers)
+            .map(|_| init(&self.layer, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        let positions = self
+            .positions
+            .init_attention(self.layer.n_heads, self.layer.d_k())?;
+        let layers = layers
+            .into_iter()
+            .map(|layer| with_positions(layer, positions.clone()))
+            .collect();
+        Ok((layers, norm))
     }
 
     /// Builds a bidirectional encoder stack.
     ///
     /// # Errors
-    /// Zero layers, or any invalid layer setting.
+    /// Zero layers, or any invalid layer or position setting.
     pub fn init_encoder<B: Backend>(&self, device: &B::Device) -> Result<Encoder<B>, BlockError> {
-        let norm = self.checked(device)?;
-        Ok(Encoder {
-            layers: (0..self.n_layers)
-                .map(|_| self.layer.init_encoder(device))
-                .collect::<Result<_, _>>()?,
-            norm,
-        })
+        let (layers, norm) = self.build(
+            device,
+            LayerConfig::init_encoder::<B>,
+            SelfAttentionLayer::with_positions,
+        )?;
+        Ok(Encoder { layers, norm })
     }
 
     /// Builds a cross-attending decoder stack (the paper's decoder).
     ///
     /// # Errors
-    /// Zero layers, or any invalid layer setting.
+    /// Zero layers, or any invalid layer or position setting.
     pub fn init_decoder<B: Backend>(&self, device: &B::Device) -> Result<Decoder<B>, BlockError> {
-        let norm = self.checked(device)?;
-        Ok(Decoder {
-            layers: (0..self.n_layers)
-                .map(|_| self.layer.init_decoder(device))
-                .collect::<Result<_, _>>()?,
-            norm,
-        })
+        let (layers, norm) = self.build(
+            device,
+            LayerConfig::init_decoder::<B>,
+            DecoderLayer::with_positions,
+        )?;
+        Ok(Decoder { layers, norm })
     }
 
     /// Builds a causal (decoder-only, GPT-like) stack.
     ///
     /// # Errors
-    /// Zero layers, or any invalid layer setting.
+    /// Zero layers, or any invalid layer or position setting.
     pub fn init_causal<B: Backend>(
         &self,
         device: &B::Device,
     ) -> Result<CausalDecoder<B>, BlockError> {
-        let norm = self.checked(device)?;
-        Ok(CausalDecoder {
-            layers: (0..self.n_layers)
-                .map(|_| self.layer.init_encoder(device))
-                .collect::<Result<_, _>>()?,
-            norm,
-        })
+        let (layers, norm) = self.build(
+            device,
+            LayerConfig::init_encoder::<B>,
+            SelfAttentionLayer::with_positions,
+        )?;
+        Ok(CausalDecoder { layers, norm })
     }
 }
 

@@ -117,7 +117,9 @@ impl LayerConfig {
     /// Builds a decoder layer.
     ///
     /// # Errors
-    /// Any invalid size, dropout, ε or position setting, with its value.
+    /// Any invalid size, dropout or ε, with its value. The layer applies no positions; a stack
+    /// gives it its own ([`StackConfig::positions`](crate::StackConfig::positions)), or
+    /// [`with_positions`](DecoderLayer::with_positions) does.
     pub fn init_decoder<B: Backend>(
         &self,
         device: &B::Device,
@@ -132,7 +134,7 @@ impl LayerConfig {
             norm_ff: norm.init(device)?,
             dropout: self.residual_dropout()?,
             norm_position: self.norm_position,
-            positions: self.attention_positions()?,
+            positions: None,
         })
     }
 }
@@ -178,6 +180,12 @@ struct LayerPass<'a, B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    /// The same layer applying `positions` (RoPE, ALiBi) in its self-attention.
+    pub fn with_positions(mut self, positions: Option<AttentionPositions>) -> Self {
+        self.positions = positions;
+        self
+    }
+
     /// Full (teacher-forced) pass; self-attention is causal.
     ///
     /// # Shapes

@@ -95,7 +95,9 @@ impl LayerConfig {
     /// Builds an encoder layer (also the layer of a causal stack).
     ///
     /// # Errors
-    /// Any invalid size, dropout, ε or position setting, with its value.
+    /// Any invalid size, dropout or ε, with its value. The layer applies no positions; a stack
+    /// gives it its own ([`StackConfig::positions`](crate::StackConfig::positions)), or
+    /// [`with_positions`](SelfAttentionLayer::with_positions) does.
     pub fn init_encoder<B: Backend>(
         &self,
         device: &B::Device,
@@ -108,7 +110,7 @@ impl LayerConfig {
             norm_ff: norm.init(device)?,
             dropout: self.residual_dropout()?,
             norm_position: self.norm_position,
-            positions: self.attention_positions()?,
+            positions: None,
         })
     }
 }
@@ -136,6 +138,12 @@ pub struct SelfAttentionLayer<B: Backend> {
 }
 
 impl<B: Backend> SelfAttentionLayer<B> {
+    /// The same layer applying `positions` (RoPE, ALiBi) in its self-attention.
+    pub fn with_positions(mut self, positions: Option<AttentionPositions>) -> Self {
+        self.positions = positions;
+        self
+    }
+
     /// Bidirectional pass (the paper's encoder layer).
     ///
     /// # Shapes

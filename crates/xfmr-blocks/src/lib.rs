@@ -9,7 +9,8 @@
 //! - [`Norm`]: LayerNorm or RMSNorm; [`NormPosition`]: post-norm (paper) or pre-norm.
 //! - [`LayerConfig`]: the one layer configuration every stack and model shares (widths, heads
 //!   and grouped key/value heads, dropout, activation, norm kind and placement, projection
-//!   biases, [`PositionEncoding`]); [`StackConfig`] builds the stacks from it. [`limits`]: the
+//!   biases); [`StackConfig`] builds the stacks from it, with the RoPE or ALiBi its layers
+//!   apply ([`PositionEncoding`]: the models choose where positions enter). [`limits`]: the
 //!   largest sizes a configuration may ask for, checked by [`LayerConfig::validate`] before
 //!   anything is allocated.
 //! - [`Encoder`] (bidirectional, [`SelfAttentionLayer`]), [`Decoder`] (cross-attending,

@@ -49,6 +49,15 @@ impl PositionEncoding {
         }
     }
 
+    /// The part a stack applies inside self-attention: `Rotary` and `Alibi` as they are, the
+    /// absolute kinds (added to the embeddings instead) and `None` as `None`.
+    pub fn in_attention(&self) -> Self {
+        match self {
+            Self::Rotary { .. } | Self::Alibi => self.clone(),
+            Self::None | Self::Sinusoidal | Self::Learned => Self::None,
+        }
+    }
+
     /// The vectors added to the embeddings, for `Sinusoidal` and `Learned`; `None` otherwise.
     ///
     /// # Errors

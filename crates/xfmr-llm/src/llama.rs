@@ -213,12 +213,12 @@ impl LlamaConfig {
             .with_norm_position(NormPosition::Pre)
             .with_norm(NormKind::RmsNorm)
             .with_norm_eps(self.rms_norm_eps)
-            .with_bias(false)
+            .with_bias(false);
+        DecoderOnlyConfig::new(self.vocab_size, layer, self.n_layers)
             .with_positions(PositionEncoding::Rotary {
                 theta: self.rope_theta,
                 layout: RotaryLayout::HalfSplit,
-            });
-        DecoderOnlyConfig::new(self.vocab_size, layer, self.n_layers)
+            })
             .with_max_len(self.context_length)
             .with_tie_output(self.tie_embeddings)
             .with_pad_id(pad_id)

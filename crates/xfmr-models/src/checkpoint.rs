@@ -244,7 +244,38 @@ pub fn load_config<C: ModelConfig>(dir: &Path) -> Result<C, ModelError> {
 fn read_config<C: ModelConfig>(dir: &Path) -> Result<C, ModelError> {
     let path = dir.join(CONFIG_FILE);
     let text = fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::json(&path, e))
+    let mut value: Value = serde_json::from_str(&text).map_err(|e| ModelError::json(&path, e))?;
+    upgrade_config(&mut value);
+    serde_json::from_value(value).map_err(|e| ModelError::json(&path, e))
+}
+
+/// Brings a model configuration (JSON) written by an earlier xfmr up to date, in place, and
+/// says whether anything changed. Checkpoint loading ([`load`], [`load_config`],
+/// [`load_expecting`]), a run's specification (`xfmr_train::RunSpec::read`) and a
+/// checkpoint's training state (`trainer.json`, read on resume) call it, so runs and
+/// checkpoints written before a change still load and resume; a configuration read another
+/// way (burn's `Config::load`) is not upgraded. The changes, oldest first:
+///
+/// - 2026-12-03: `positions` moved from the layer (`layer.positions`, which a single layer
+///   ignored for the absolute kinds) to the model (`positions`); the value is kept as it was.
+///
+/// Anything that is not such a configuration is left alone (its own error comes when it is
+/// read as one).
+pub fn upgrade_config(config: &mut Value) -> bool {
+    let Some(object) = config.as_object_mut() else {
+        return false;
+    };
+    let moved = object
+        .get_mut("layer")
+        .and_then(Value::as_object_mut)
+        .and_then(|layer| layer.remove("positions"));
+    match moved {
+        Some(positions) => {
+            object.entry("positions").or_insert(positions);
+            true
+        }
+        None => false,
+    }
 }
 
 /// Loads a checkpoint with the configuration it was saved with, after [`verify`].

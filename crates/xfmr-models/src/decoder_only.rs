@@ -22,8 +22,9 @@ use crate::{
 
 /// Configuration of [`DecoderOnly`]. The presets follow GPT-2: pre-norm with a final norm,
 /// GELU, learned positions, output tied to the token embedding. Every layer option (norm kind
-/// and placement, activation, grouped heads, biases, positions: RoPE and ALiBi included) lives
-/// in the shared [`LayerConfig`].
+/// and placement, activation, grouped heads, biases) lives in the shared [`LayerConfig`];
+/// where positions enter (RoPE and ALiBi included) is the model's
+/// [`positions`](Self::positions).
 #[derive(Config, Debug)]
 pub struct DecoderOnlyConfig {
     /// Vocabulary size.
@@ -44,15 +45,21 @@ pub struct DecoderOnlyConfig {
     /// Padding id (left padding of batched prompts). Default: 0.
     #[config(default = 0)]
     pub pad_id: u32,
+    /// Where positions enter: `Learned` (GPT-2, the default; `max_len` rows) and `Sinusoidal`
+    /// are added to the embeddings, `Rotary` (LLaMA) and `Alibi` act in every self-attention
+    /// sublayer. Configurations written before this field existed carried it as
+    /// `layer.positions`: [`checkpoint::upgrade_config`](crate::checkpoint::upgrade_config)
+    /// moves it here.
+    #[config(default = "PositionEncoding::Learned")]
+    pub positions: PositionEncoding,
 }
 
 impl DecoderOnlyConfig {
-    /// GPT-2's layer at the given widths: pre-norm, GELU, learned positions, dropout 0.1.
+    /// GPT-2's layer at the given widths: pre-norm, GELU, dropout 0.1.
     pub fn gpt_layer(d_model: usize, n_heads: usize, d_ff: usize) -> LayerConfig {
         LayerConfig::new(d_model, n_heads, d_ff)
             .with_activation(Activation::Gelu)
             .with_norm_position(NormPosition::Pre)
-            .with_positions(PositionEncoding::Learned)
     }
 
     /// The paper's base widths as a causal language model: d_model 512, 8 heads, d_ff 2048,
@@ -83,6 +90,7 @@ impl DecoderOnlyConfig {
         let output = if self.tie_output { 0 } else { self.vocab_size };
         check_sizes(&Sizes {
             layer: &self.layer,
+            positions: &self.positions,
             max_len: self.max_len,
             stacks: &[("n_layers", self.n_layers)],
             vocabularies: &[("vocab_size", self.vocab_size, false)],
@@ -104,12 +112,13 @@ impl DecoderOnlyConfig {
             embedding: TokenEmbeddingConfig::new(self.vocab_size, layer.d_model)
                 .with_scale(self.scale_embeddings)
                 .init(device)?,
-            positions: layer
+            positions: self
                 .positions
                 .init_input(self.max_len, layer.d_model, device)?,
             dropout: layer.residual_dropout()?,
             stack: StackConfig::new(layer.clone(), self.n_layers)
                 .with_final_norm(layer.norm_position == NormPosition::Pre)
+                .with_positions(self.positions.in_attention())
                 .init_causal(device)?,
             output: (!self.tie_output)
                 .then(|| LinearConfig::new(layer.d_model, self.vocab_size).init(device)),

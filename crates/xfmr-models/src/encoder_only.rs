@@ -20,8 +20,8 @@ use crate::{check_pad_id, table_extents, vocab_logits, ModelError};
 /// Configuration of [`EncoderOnly`]. The presets are BERT's (Devlin et al., 2019): learned
 /// positions, two segment types, a LayerNorm on the embedding sum, post-norm GELU layers,
 /// LayerNorm ε 1e-12, attention dropout 0.1, unscaled embeddings. Every layer option (norm kind
-/// and placement, activation, grouped heads, biases, positions) lives in the shared
-/// [`LayerConfig`].
+/// and placement, activation, grouped heads, biases) lives in the shared [`LayerConfig`];
+/// where positions enter is the model's [`positions`](Self::positions).
 #[derive(Config, Debug)]
 pub struct EncoderOnlyConfig {
     /// Vocabulary size.
@@ -55,17 +55,22 @@ pub struct EncoderOnlyConfig {
     /// Padding id. Default: 0 (BERT's `[PAD]`).
     #[config(default = 0)]
     pub pad_id: u32,
+    /// Where positions enter: `Learned` (BERT, the default; `max_len` rows) and `Sinusoidal`
+    /// are added to the embeddings, `Rotary` and `Alibi` act in every self-attention sublayer.
+    /// Configurations written before this field existed carried it as `layer.positions`:
+    /// [`checkpoint::upgrade_config`](crate::checkpoint::upgrade_config) moves it here.
+    #[config(default = "PositionEncoding::Learned")]
+    pub positions: PositionEncoding,
 }
 
 impl EncoderOnlyConfig {
-    /// BERT's layer at the given widths: post-norm, GELU, LayerNorm ε 1e-12, learned positions,
-    /// dropout 0.1 on sublayers and attention weights.
+    /// BERT's layer at the given widths: post-norm, GELU, LayerNorm ε 1e-12, dropout 0.1 on
+    /// sublayers and attention weights.
     pub fn bert_layer(d_model: usize, n_heads: usize, d_ff: usize) -> LayerConfig {
         LayerConfig::new(d_model, n_heads, d_ff)
             .with_attention_dropout(0.1)
             .with_activation(Activation::Gelu)
             .with_norm_eps(1e-12)
-            .with_positions(PositionEncoding::Learned)
     }
 
     /// A toy model for tests: d_model 64, 4 heads, d_ff 128, 2 layers.
@@ -91,6 +96,7 @@ impl EncoderOnlyConfig {
         let mlm = if self.mlm_head { self.vocab_size } else { 0 };
         check_sizes(&Sizes {
             layer: &self.layer,
+            positions: &self.positions,
             max_len: self.max_len,
             stacks: &[("n_layers", self.n_layers)],
             vocabularies: &[
@@ -140,7 +146,7 @@ impl EncoderOnlyConfig {
                 .with_scale(self.scale_embeddings)
                 .with_initializer(Some(normal.clone()))
                 .init(device)?,
-            positions: layer.positions.init_input(self.max_len, d_model, device)?,
+            positions: self.positions.init_input(self.max_len, d_model, device)?,
             token_type_embedding: (self.type_vocab_size > 0)
                 .then(|| {
                     TokenEmbeddingConfig::new(self.type_vocab_size, d_model)
@@ -153,6 +159,7 @@ impl EncoderOnlyConfig {
             dropout: layer.residual_dropout()?,
             encoder: StackConfig::new(layer.clone(), self.n_layers)
                 .with_final_norm(pre)
+                .with_positions(self.positions.in_attention())
                 .init_encoder(device)?,
             pooler: self.pooler.then(|| linear(d_model, d_model)),
             mlm_head: self

@@ -198,6 +198,25 @@ pub(crate) fn check_pad_id(pad_id: u32, vocab: usize) -> Result<(), ModelError> 
     Ok(())
 }
 
+/// Checks that every id is below `vocab`: the one check of the decoding paths that take ids
+/// from outside (prompts, fed tokens), here and in `xfmr-llm`'s quantised model.
+///
+/// # Errors
+/// [`ModelError::InvalidInput`] naming the first id outside: "`{what}` id 9 is outside the
+/// vocabulary of 8".
+pub fn check_vocabulary<'a>(
+    ids: impl IntoIterator<Item = &'a u32>,
+    vocab: usize,
+    what: &str,
+) -> Result<(), ModelError> {
+    match ids.into_iter().find(|&&id| id as usize >= vocab) {
+        Some(id) => Err(ModelError::InvalidInput(format!(
+            "{what} id {id} is outside the vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Every id of `rows` must be below `vocab`, and there must be at least one row.
 pub(crate) fn check_ids(what: &str, rows: &[Vec<u32>], vocab: usize) -> Result<(), ModelError> {
     if rows.is_empty() {

@@ -14,6 +14,8 @@ use crate::ModelError;
 pub(crate) struct Sizes<'a> {
     /// The layer configuration (its fields are reported as `layer.<field>`).
     pub layer: &'a LayerConfig,
+    /// Where positions enter (the model's `positions`).
+    pub positions: &'a PositionEncoding,
     /// `max_len`.
     pub max_len: usize,
     /// Each stack's layer count, by field name.
@@ -50,10 +52,10 @@ pub(crate) fn check_sizes(sizes: &Sizes) -> Result<(), ModelError> {
         layer.norm_eps,
         "a positive, finite number",
     )?;
-    if let PositionEncoding::Rotary { theta, .. } = layer.positions {
+    if let PositionEncoding::Rotary { theta, .. } = *sizes.positions {
         InvalidConfig::check(
             theta > 1.0 && theta.is_finite(),
-            "layer.positions.theta",
+            "positions.theta",
             theta,
             "a finite frequency base greater than 1",
         )?;
@@ -91,7 +93,7 @@ pub(crate) fn check_sizes(sizes: &Sizes) -> Result<(), ModelError> {
     let d = layer.d_model as u64;
     let position_rows = sizes.max_len as u64;
     let positions = position_rows.checked_mul(d);
-    if layer.positions == PositionEncoding::Sinusoidal {
+    if *sizes.positions == PositionEncoding::Sinusoidal {
         let table = positions.filter(|&n| n <= MAX_TABLE_VALUES);
         if table.is_none() {
             return Err(ModelError::InvalidConfig {

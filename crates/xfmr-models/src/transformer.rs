@@ -7,7 +7,8 @@ use burn::tensor::{backend::Backend, Int, Tensor};
 use xfmr_attention::AttnMask;
 use xfmr_blocks::{
     add_positions, Decoder, DecoderCache, DecoderInput, DecoderStepInput, Encoder, LayerConfig,
-    NormPosition, Positions, SelfAttentionInput, StackConfig, TokenEmbedding, TokenEmbeddingConfig,
+    NormPosition, PositionEncoding, Positions, SelfAttentionInput, StackConfig, TokenEmbedding,
+    TokenEmbeddingConfig,
 };
 
 use crate::device::check_fits;
@@ -20,8 +21,8 @@ use crate::{
 /// Configuration of [`Transformer`]. The defaults are the paper's; the presets
 /// [`base`](Self::base) and [`big`](Self::big) are its two models (Table 3), and
 /// [`small`](Self::small) / [`tiny`](Self::tiny) fit a CPU. Every layer option (norm kind and
-/// placement, activation, grouped heads, biases, positions) lives in the shared
-/// [`LayerConfig`].
+/// placement, activation, grouped heads, biases) lives in the shared [`LayerConfig`]; where
+/// positions enter is the model's [`positions`](Self::positions).
 #[derive(Config, Debug)]
 pub struct TransformerConfig {
     /// Source vocabulary size.
@@ -29,7 +30,7 @@ pub struct TransformerConfig {
     /// Target vocabulary size.
     pub tgt_vocab_size: usize,
     /// Every encoder and decoder layer; its `dropout` also applies to the embedding sums
-    /// (paper: 0.1), its `positions` to both sides (paper: sinusoidal).
+    /// (paper: 0.1).
     pub layer: LayerConfig,
     /// Encoder layers (paper: 6).
     pub n_encoder_layers: usize,
@@ -48,6 +49,13 @@ pub struct TransformerConfig {
     /// Padding token id: source padding is masked from it. Default: 0.
     #[config(default = 0)]
     pub pad_id: u32,
+    /// Where positions enter, on both sides: `Sinusoidal` (paper, the default) and `Learned`
+    /// are added to the embeddings; `Rotary` and `Alibi` act in every self-attention sublayer
+    /// (not in cross-attention). Configurations written before this field existed carried it
+    /// as `layer.positions`: [`checkpoint::upgrade_config`](crate::checkpoint::upgrade_config)
+    /// moves it here.
+    #[config(default = "PositionEncoding::Sinusoidal")]
+    pub positions: PositionEncoding,
 }
 
 impl TransformerConfig {
@@ -104,6 +112,7 @@ impl TransformerConfig {
         ];
         check_sizes(&Sizes {
             layer: &self.layer,
+            positions: &self.positions,
             max_len: self.max_len,
             stacks: &[
                 ("n_encoder_layers", self.n_encoder_layers),
@@ -148,13 +157,15 @@ impl TransformerConfig {
                 .transpose()?,
             output: (!self.tie_output)
                 .then(|| LinearConfig::new(d_model, self.tgt_vocab_size).init(device)),
-            positions: layer.positions.init_input(self.max_len, d_model, device)?,
+            positions: self.positions.init_input(self.max_len, d_model, device)?,
             dropout: layer.residual_dropout()?,
             encoder: StackConfig::new(layer.clone(), self.n_encoder_layers)
                 .with_final_norm(pre)
+                .with_positions(self.positions.in_attention())
                 .init_encoder(device)?,
             decoder: StackConfig::new(layer.clone(), self.n_decoder_layers)
                 .with_final_norm(pre)
+                .with_positions(self.positions.in_attention())
                 .init_decoder(device)?,
             pad_id: self.pad_id,
         })

@@ -342,15 +342,18 @@ impl RunSpec {
         Ok(self)
     }
 
-    /// Reads a `train-config.json`.
+    /// Reads a `train-config.json`, its model configuration brought up to date first
+    /// ([`xfmr_models::checkpoint::upgrade_config`]).
     ///
     /// # Errors
     /// [`TrainError::Io`] naming the file when it cannot be read or is not a run's
     /// specification.
     pub fn read(path: &Path) -> Result<Self, TrainError> {
         let text = std::fs::read_to_string(path).map_err(|e| TrainError::io(path, e))?;
-        serde_json::from_str(&text)
-            .map_err(|e| TrainError::io(path, format!("not a run's train-config.json: {e}")))
+        let invalid = |e| TrainError::io(path, format!("not a run's train-config.json: {e}"));
+        let mut value: serde_json::Value = serde_json::from_str(&text).map_err(invalid)?;
+        upgrade_objective(&mut value);
+        serde_json::from_value(value).map_err(invalid)
     }
 
     /// The `task` a `train-config.json` names, if it names one (read before the vocabulary,
@@ -376,5 +379,14 @@ impl RunSpec {
     pub fn write(&self, path: &Path) -> Result<(), TrainError> {
         let json = serde_json::to_vec_pretty(self).map_err(|e| TrainError::io(path, e))?;
         Ok(xfmr_io::write_atomic(path, &json)?)
+    }
+}
+
+/// Brings the model configuration inside a run's specification or a checkpoint's training
+/// state (`objective.model`) up to date, as an earlier xfmr may have written it
+/// ([`xfmr_models::checkpoint::upgrade_config`]); anything else is left alone.
+pub(crate) fn upgrade_objective(value: &mut serde_json::Value) {
+    if let Some(model) = value.pointer_mut("/objective/model") {
+        xfmr_models::checkpoint::upgrade_config(model);
     }
 }

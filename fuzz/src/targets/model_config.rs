@@ -88,19 +88,19 @@ fn load<C: ModelConfig>(family: usize, config: &[u8]) {
     }
 }
 
-/// `max_len × d_model` when `config` parses as JSON whose layer has sinusoidal positions
-/// (named, or absent: the default).
+/// `max_len × d_model` when `config` parses as JSON whose model has sinusoidal positions
+/// (named, or absent), as loading reads it (an older layout upgraded first).
 fn sinusoidal_values(config: &[u8]) -> Option<u64> {
-    let json: serde_json::Value = serde_json::from_slice(config).ok()?;
-    let layer = json.get("layer")?;
-    if layer
+    let mut json: serde_json::Value = serde_json::from_slice(config).ok()?;
+    checkpoint::upgrade_config(&mut json);
+    if json
         .get("positions")
         .is_some_and(|p| p.as_str() != Some("Sinusoidal"))
     {
         return None;
     }
     let max_len = json.get("max_len")?.as_u64()?;
-    let d_model = layer.get("d_model")?.as_u64()?;
+    let d_model = json.get("layer")?.get("d_model")?.as_u64()?;
     Some(max_len.saturating_mul(d_model))
 }
 
@@ -133,7 +133,8 @@ fn transformer() -> TransformerConfig {
 }
 
 fn decoder_only() -> DecoderOnlyConfig {
-    DecoderOnlyConfig::new(16, layer().with_positions(PositionEncoding::Learned), 2)
+    DecoderOnlyConfig::new(16, layer(), 2)
+        .with_positions(PositionEncoding::Learned)
         .with_max_len(16)
 }
 

@@ -132,10 +132,10 @@ fn rotary_and_alibi_cached_equal_full() {
             .with_norm(NormKind::RmsNorm)
             .with_norm_position(NormPosition::Pre)
             .with_activation(Activation::SwiGlu)
-            .with_bias(false)
-            .with_positions(positions.clone());
+            .with_bias(false);
         let stack = StackConfig::new(layer.clone(), 2)
             .with_final_norm(true)
+            .with_positions(positions.clone())
             .init_causal::<Cpu>(&device)
             .unwrap();
         let full = stack.forward(SelfAttentionInput::new(x.clone()));
@@ -166,6 +166,7 @@ fn rotary_and_alibi_cached_equal_full() {
 
         let decoder = StackConfig::new(layer, 2)
             .with_final_norm(true)
+            .with_positions(positions.clone())
             .init_decoder::<Cpu>(&device)
             .unwrap();
         let full = decoder.forward(DecoderInput::new(x.clone(), &memory));

@@ -3,8 +3,8 @@
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_blocks::{
-    Activation, BlockError, FeedForwardConfig, LayerConfig, NormConfig, NormKind, StackConfig,
-    StateDict, TokenEmbeddingConfig,
+    Activation, BlockError, FeedForwardConfig, LayerConfig, NormConfig, NormKind, PositionEncoding,
+    StackConfig, StateDict, TokenEmbeddingConfig,
 };
 use xfmr_testing::{assert_uniform, linear_values, max_abs_diff, TestRng};
 
@@ -90,6 +90,25 @@ fn invalid_configs_are_typed_errors() {
         err.to_string(),
         "invalid configuration: `n_layers` = 0: must be positive"
     );
+    // A stack applies positions inside attention only: an absolute kind is the model's to add
+    // to its embeddings, and a stack given one says so rather than ignoring it.
+    for absolute in [PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
+        let err = StackConfig::new(LayerConfig::new(8, 2, 16), 1)
+            .with_positions(absolute.clone())
+            .init_causal::<Cpu>(&device)
+            .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                BlockError::InvalidConfig {
+                    field: "positions",
+                    ..
+                }
+            ),
+            "{absolute:?}: {err:?}"
+        );
+        assert_eq!(absolute.in_attention(), PositionEncoding::None);
+    }
     let err = NormConfig::new(8)
         .with_eps(0.0)
         .init::<Cpu>(&device)

@@ -1,9 +1,11 @@
 //! The `xfmr` binary end to end: the demo and the MiniLM commands here; training, translation
 //! and evaluation (`translation.rs`); data-parallel runs (`parallel.rs`); the language-model
-//! tasks and the downstream example (`families.rs`); `xfmr serve`'s memory (`serve.rs`).
+//! tasks and the downstream example (`families.rs`); `xfmr serve`'s memory (`serve.rs`); run
+//! directories written by an earlier binary (`old_runs.rs`).
 
 mod families;
 mod generate;
+mod old_runs;
 mod parallel;
 mod serve;
 mod translation;

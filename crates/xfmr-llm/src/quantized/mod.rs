@@ -397,16 +397,8 @@ impl QuantizedLlama {
         if batch.is_empty() {
             return Err(ModelError::InvalidInput("a step of no sequences".into()));
         }
-        let vocab = self.config.vocab_size;
-        if let Some(id) = batch
-            .iter()
-            .flat_map(|(_, ids)| ids.iter())
-            .find(|&&id| id as usize >= vocab)
-        {
-            return Err(ModelError::InvalidInput(format!(
-                "token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
+        let ids = batch.iter().flat_map(|(_, ids)| ids.iter());
+        xfmr_models::check_vocabulary(ids, self.config.vocab_size, "token")?;
         self.forward_rows(batch, scratch, None)?;
         Ok(&mut scratch.logits)
     }
@@ -417,12 +409,7 @@ impl QuantizedLlama {
     /// # Errors
     /// As [`forward_batch`](Self::forward_batch).
     pub fn attention_weights(&self, tokens: &[u32]) -> Result<Vec<Vec<f32>>, ModelError> {
-        let vocab = self.config.vocab_size;
-        if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ModelError::InvalidInput(format!(
-                "token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
+        xfmr_models::check_vocabulary(tokens, self.config.vocab_size, "token")?;
         let mut cache = self.sequence(tokens.len());
         let mut weights = Vec::new();
         self.forward_rows(
@@ -449,16 +436,11 @@ impl QuantizedLlama {
         options: &GenerationOptions,
         on_token: &mut dyn FnMut(usize, u32),
     ) -> Result<Generation, ModelError> {
-        let vocab = self.config.vocab_size;
         if let Some(i) = prompts.iter().position(Vec::is_empty) {
             return Err(ModelError::InvalidInput(format!("prompt {i} is empty")));
         }
         let len = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        if let Some(id) = prompts.iter().flatten().find(|&&id| id as usize >= vocab) {
-            return Err(ModelError::InvalidInput(format!(
-                "prompt id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
+        xfmr_models::check_vocabulary(prompts.iter().flatten(), self.config.vocab_size, "prompt")?;
         let context = self.config.context_length;
         if len + options.max_len > context {
             return Err(ModelError::InvalidInput(format!(

@@ -331,12 +331,13 @@ fn unpermuted_rows_with_half_split_rope_equal_stored_rows_with_interleaved_pairs
             stored.insert(name, shape.to_vec(), permuted);
         }
     }
-    let interleaved_config = config.to_config(2).map_layer(|l| {
-        l.with_positions(xfmr_blocks::PositionEncoding::Rotary {
-            theta: config.rope_theta,
-            layout: xfmr_blocks::RotaryLayout::Interleaved,
-        })
-    });
+    let interleaved_config =
+        config
+            .to_config(2)
+            .with_positions(xfmr_blocks::PositionEncoding::Rotary {
+                theta: config.rope_theta,
+                layout: xfmr_blocks::RotaryLayout::Interleaved,
+            });
     let interleaved =
         llama::load_weights(interleaved_config.init::<B>(&device).unwrap(), &stored).unwrap();
     let ids = row::<B>(&[5, 100, 7, 259, 3, 42, 200, 9], &device);

@@ -87,12 +87,7 @@ impl<B: Backend, M: IncrementalDecoder<B>> HostSteps for TensorSteps<'_, B, M> {
                 tokens.len()
             )));
         }
-        let vocab = self.model.vocab_size();
-        if let Some(id) = tokens.iter().find(|&&id| id as usize >= vocab) {
-            return Err(ModelError::InvalidInput(format!(
-                "token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
+        crate::check_vocabulary(tokens, self.model.vocab_size(), "token")?;
         let ids: Tensor<B, 2, Int> = int_tensor::<B, 2>(
             tokens.iter().map(|&t| i64::from(t)).collect(),
             [tokens.len() / width, width],

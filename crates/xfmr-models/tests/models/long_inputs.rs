@@ -435,21 +435,20 @@ fn forward_at_the_device_buffer_limit_on_wgpu() {
 fn vocabulary_products_over_the_device_buffer_are_errors_on_wgpu() {
     let (device, limit) = wgpu_device();
     let over = limit / (BIG_VOCAB * 4) + 1;
-    let layer = |d_model| {
-        DecoderOnlyConfig::gpt_layer(d_model, 2, 16)
-            .with_dropout(0.0)
-            .with_positions(xfmr_blocks::PositionEncoding::None)
-    };
+    let layer = |d_model| DecoderOnlyConfig::gpt_layer(d_model, 2, 16).with_dropout(0.0);
+    let none = xfmr_blocks::PositionEncoding::None;
     let row =
         |n: usize| ids::<WgpuUnfused>(&[(0..n as u32).map(|i| 3 + i % 97).collect()], &device);
 
     let transformer = TransformerConfig::new(BIG_VOCAB, BIG_VOCAB, layer(8), 1, 1)
+        .with_positions(none.clone())
         .init::<WgpuUnfused>(&device)
         .unwrap();
     let err = transformer.forward(row(5), row(over)).unwrap_err();
     assert_too_large(err, "logits", &[1, over, BIG_VOCAB], "Transformer::forward");
 
     let encoder = EncoderOnlyConfig::new(BIG_VOCAB, layer(8), 1)
+        .with_positions(none)
         .with_mlm_head(true)
         .init::<WgpuUnfused>(&device)
         .unwrap();

@@ -11,6 +11,7 @@ mod long_inputs;
 mod loss;
 mod models;
 mod training;
+mod upgrade;
 mod variants;
 
 use std::sync::Mutex;

@@ -21,8 +21,8 @@ use crate::{
 
 const MAX_LEN: usize = 10;
 
-/// The layer variants under test, by name.
-fn variants(base: LayerConfig) -> Vec<(&'static str, LayerConfig)> {
+/// The layer and position variants under test, by name.
+fn variants(base: LayerConfig) -> Vec<(&'static str, LayerConfig, PositionEncoding)> {
     let llama = base
         .clone()
         .with_norm(NormKind::RmsNorm)
@@ -31,29 +31,22 @@ fn variants(base: LayerConfig) -> Vec<(&'static str, LayerConfig)> {
         .with_n_kv_heads(Some(2))
         .with_bias(false);
     vec![
-        (
-            "rope",
-            base.clone().with_positions(PositionEncoding::rotary()),
-        ),
+        ("rope", base.clone(), PositionEncoding::rotary()),
         (
             "rope-interleaved",
-            base.clone().with_positions(PositionEncoding::Rotary {
+            base.clone(),
+            PositionEncoding::Rotary {
                 theta: 10000.0,
                 layout: RotaryLayout::Interleaved,
-            }),
+            },
         ),
-        (
-            "alibi",
-            base.clone().with_positions(PositionEncoding::Alibi),
-        ),
+        ("alibi", base.clone(), PositionEncoding::Alibi),
         (
             "rmsnorm+swiglu+gqa+rope",
-            llama.clone().with_positions(PositionEncoding::rotary()),
+            llama.clone(),
+            PositionEncoding::rotary(),
         ),
-        (
-            "rmsnorm+swiglu+gqa+alibi",
-            llama.with_positions(PositionEncoding::Alibi),
-        ),
+        ("rmsnorm+swiglu+gqa+alibi", llama, PositionEncoding::Alibi),
     ]
 }
 
@@ -73,12 +66,13 @@ fn check_lm(model: &DecoderOnly<Cpu>, what: &str) {
 
 #[test]
 fn encoder_decoder_variants_cache_equals_full() {
-    for (i, (name, layer)) in variants(TransformerConfig::tiny(VOCAB).layer)
+    for (i, (name, layer, positions)) in variants(TransformerConfig::tiny(VOCAB).layer)
         .into_iter()
         .enumerate()
     {
         let config = TransformerConfig {
             layer,
+            positions,
             ..TransformerConfig::tiny(VOCAB)
         };
         let model = trained_transformer(&config, 20 + i as u64);
@@ -100,12 +94,13 @@ fn encoder_decoder_variants_cache_equals_full() {
 
 #[test]
 fn decoder_only_variants_cache_equals_full_and_left_padding_is_invisible() {
-    for (i, (name, layer)) in variants(DecoderOnlyConfig::tiny(VOCAB).layer)
+    for (i, (name, layer, positions)) in variants(DecoderOnlyConfig::tiny(VOCAB).layer)
         .into_iter()
         .enumerate()
     {
         let config = DecoderOnlyConfig {
             layer,
+            positions,
             ..DecoderOnlyConfig::tiny(VOCAB)
         };
         let model = trained_lm(&config, 30 + i as u64);
@@ -135,9 +130,10 @@ fn decoder_only_variants_cache_equals_full_and_left_padding_is_invisible() {
 fn encoder_only_variants_padding_invariant_and_checkpointed() {
     let device: Device = Default::default();
     let dir = tempfile::tempdir().unwrap();
-    for (name, layer) in variants(EncoderOnlyConfig::tiny(VOCAB).layer) {
+    for (name, layer, positions) in variants(EncoderOnlyConfig::tiny(VOCAB).layer) {
         let config = EncoderOnlyConfig {
             layer: layer.with_dropout(0.0).with_attention_dropout(0.0),
+            positions,
             ..EncoderOnlyConfig::tiny(VOCAB)
         }
         .with_pooler(false);
@@ -156,10 +152,7 @@ fn encoder_only_variants_padding_invariant_and_checkpointed() {
         checkpoint::save(&model, &config, &path).unwrap();
         let (loaded_config, loaded): (EncoderOnlyConfig, EncoderOnly<Cpu>) =
             checkpoint::load(&path, &device).unwrap();
-        assert_eq!(
-            loaded_config.layer.positions, config.layer.positions,
-            "{name}"
-        );
+        assert_eq!(loaded_config.positions, config.positions, "{name}");
         let again: Tensor<Cpu, 3> = loaded
             .forward(ids::<Cpu>(&[padded], &device), None, Some(&mask))
             .unwrap()

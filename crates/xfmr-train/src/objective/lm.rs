@@ -64,11 +64,7 @@ impl Objective for CausalLm {
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
         check_ids(example, self.model.vocab_size, self.model.pad_id)?;
-        check_length(
-            example.len() + 1,
-            &self.model.layer.positions,
-            self.model.max_len,
-        )
+        check_length(example.len() + 1, &self.model.positions, self.model.max_len)
     }
 
     fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {
@@ -80,7 +76,7 @@ impl Objective for CausalLm {
     }
 
     fn max_positions(&self) -> Option<usize> {
-        position_limit(&self.model.layer.positions, self.model.max_len)
+        position_limit(&self.model.positions, self.model.max_len)
     }
 
     fn label_smoothing(&self) -> f64 {

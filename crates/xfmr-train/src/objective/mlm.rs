@@ -175,11 +175,7 @@ impl Objective for MaskedLm {
 
     fn check_example(&self, example: &Vec<u32>) -> Result<(), String> {
         check_ids(example, self.model.vocab_size, self.model.pad_id)?;
-        check_length(
-            example.len() + 2,
-            &self.model.layer.positions,
-            self.model.max_len,
-        )
+        check_length(example.len() + 2, &self.model.positions, self.model.max_len)
     }
 
     fn lengths(&self, example: &Vec<u32>) -> (usize, usize) {
@@ -191,7 +187,7 @@ impl Objective for MaskedLm {
     }
 
     fn max_positions(&self) -> Option<usize> {
-        position_limit(&self.model.layer.positions, self.model.max_len)
+        position_limit(&self.model.positions, self.model.max_len)
     }
 
     fn label_smoothing(&self) -> f64 {

@@ -151,11 +151,7 @@ impl Objective for Translation {
         check_ids(&example.src, self.model.src_vocab_size, self.model.pad_id)?;
         check_ids(&example.tgt, self.model.tgt_vocab_size, self.model.pad_id)?;
         let (src, tgt) = self.lengths(example);
-        check_length(
-            src.max(tgt),
-            &self.model.layer.positions,
-            self.model.max_len,
-        )
+        check_length(src.max(tgt), &self.model.positions, self.model.max_len)
     }
 
     fn lengths(&self, example: &Example) -> (usize, usize) {
@@ -167,7 +163,7 @@ impl Objective for Translation {
     }
 
     fn max_positions(&self) -> Option<usize> {
-        position_limit(&self.model.layer.positions, self.model.max_len)
+        position_limit(&self.model.positions, self.model.max_len)
     }
 
     fn label_smoothing(&self) -> f64 {

@@ -66,7 +66,7 @@ pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog,
 use optim::{adam, step_seed};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{average_checkpoints, load_model, parameter_fingerprint, save_model};
-use store::{read_json, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
+use store::{read_state, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
 
 /// Where a run stands: optimiser steps taken and the next micro-batch to read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -205,7 +205,7 @@ where
         // Hashed once: the model is loaded through `verified` below, not verified again.
         let verified = checkpoint::verify(dir)?;
         refuse_unlisted_files(dir)?;
-        let state: TrainerState<O> = read_json(&dir.join(TRAINER_FILE))?;
+        let state: TrainerState<O> = read_state(&dir.join(TRAINER_FILE))?;
         if let Some(n) = state.examples.filter(|&n| n != examples.len()) {
             return Err(TrainError::checkpoint(
                 dir.join(TRAINER_FILE),

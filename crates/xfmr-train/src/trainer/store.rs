@@ -157,9 +157,15 @@ pub(crate) fn refuse_unlisted_files(dir: &Path) -> Result<(), TrainError> {
     }
 }
 
-pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
+/// Reads a checkpoint's training state (`trainer.json`), the model configuration inside
+/// (`objective.model`) brought up to date first, as an earlier xfmr may have written it
+/// ([`checkpoint::upgrade_config`]).
+pub(crate) fn read_state<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, TrainError> {
     let text = fs::read_to_string(path).map_err(|e| TrainError::checkpoint(path, e))?;
-    serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))
+    let mut value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| TrainError::checkpoint(path, e))?;
+    crate::spec::upgrade_objective(&mut value);
+    serde_json::from_value(value).map_err(|e| TrainError::checkpoint(path, e))
 }
 
 impl<B: AutodiffBackend, O: Objective> Trainer<B, O>
