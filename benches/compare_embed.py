@@ -9,6 +9,9 @@ timed around `encode` after a warm-up. Each side runs `--repeats` times; the bes
 The script also checks that both produced the same vectors (minimum cosine).
 
     python3 benches/compare_embed.py [--backends ndarray flex] [--repeats 3]
+        [--xfmr-bin target/release/xfmr]
+
+Without `--xfmr-bin` it builds `cargo build --release -p xfmr-cli` first and runs that binary.
 
 Needs the model (`cargo run -p xfmr-cli -- fetch-model minilm`) and, for the peer,
 `pip install sentence-transformers` (a venv with torch).
@@ -25,21 +28,21 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def model_dir():
+def model_dir(binary):
     out = subprocess.run(
-        ["cargo", "run", "--release", "-q", "-p", "xfmr-cli", "--", "fetch-model", "minilm"],
+        [binary, "fetch-model", "minilm"],
         cwd=ROOT, check=True, capture_output=True, text=True,
     ).stdout
     return out.strip().splitlines()[-1]
 
 
-def xfmr(backend, path, model, repeats):
+def xfmr(binary, backend, path, model, repeats):
     best, vectors = None, None
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out.json")
             run = subprocess.run(
-                ["cargo", "run", "--release", "-q", "-p", "xfmr-cli", "--", "embed",
+                [binary, "embed",
                  "--file", path, "--json", out, "--backend", backend, "--model-dir", model,
                  "--batch-size", "32"],
                 cwd=ROOT, check=True, capture_output=True, text=True,
@@ -88,11 +91,16 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--file", default=os.path.join(ROOT, "benches/data/kjv_1000.txt"))
+    parser.add_argument("--xfmr-bin", help="an xfmr binary (default: build the release one)")
     args = parser.parse_args()
     with open(args.file) as f:
         sentences = [line.strip() for line in f if line.strip()]
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli"], cwd=ROOT, check=True)
-    model = model_dir()
+    binary = args.xfmr_bin
+    if binary is None:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "xfmr-cli"], cwd=ROOT,
+                       check=True)
+        binary = os.path.join(ROOT, "target", "release", "xfmr")
+    model = model_dir(binary)
     n = len(sentences)
     torch_s, torch_v = peer(sentences, model, args.repeats, args.threads)
     if torch_s is not None:
@@ -100,7 +108,7 @@ def main():
         print(f"sentence-transformers (torch {torch.__version__}, {args.threads} threads): "
               f"{n / torch_s:8.1f} sentences/s ({torch_s:.2f} s)")
     for backend in args.backends:
-        seconds, vectors = xfmr(backend, args.file, model, args.repeats)
+        seconds, vectors = xfmr(binary, backend, args.file, model, args.repeats)
         line = f"xfmr embed --backend {backend:8}: {n / seconds:8.1f} sentences/s ({seconds:.2f} s)"
         if torch_s is not None:
             line += (f"   xfmr/torch {torch_s / seconds:.2f}x"

@@ -64,12 +64,24 @@ XFMR_LINE = re.compile(r"prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tokens/s\
 XFMR_LOAD = re.compile(r"loaded in ([0-9.]+) s")
 
 
-def child_llamacpp(path, threads, prompt):
+def child_llamacpp(path, threads, prompt, no_extra_bufts=False):
     """The llama.cpp side of one round, in its own process: prints one JSON line."""
     import resource
 
     import numpy as np
     import llama_cpp
+
+    if no_extra_bufts:
+        # llama.cpp's extra weight buffers (AMX, and the repacked layouts of Q4_0/Q4_K/IQ4_NL)
+        # off: `Llama` does not expose the field, so its default parameters are patched.
+        default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+        def params():
+            p = default_params()
+            p.use_extra_bufts = False
+            return p
+
+        llama_cpp.llama_cpp.llama_model_default_params = params
 
     rss_base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
@@ -174,9 +186,10 @@ def xfmr_round(xfmr_bin, path, weights, threads, prompt):
             "rss_kib": rss, "text": text}
 
 
-def llamacpp_round(path, threads, long):
+def llamacpp_round(path, threads, long, no_extra_bufts=False):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "llamacpp", "--model", path,
-           "--threads", str(threads)] + (["--long-prompt"] if long else [])
+           "--threads", str(threads)] + (["--long-prompt"] if long else []) \
+        + (["--no-extra-bufts"] if no_extra_bufts else [])
     code, out, err, rss = run_measured(cmd)
     if code != 0:
         if "No module named 'llama_cpp'" in err:
@@ -247,12 +260,17 @@ def main():
                         help="passed to `xfmr generate --weights`")
     parser.add_argument("--long-prompt", action="store_true",
                         help="the ~512-token prompt (Genesis 1 further) instead of ~100 tokens")
+    parser.add_argument("--no-extra-bufts", action="store_true",
+                        help="llama.cpp without its extra weight buffers (AMX, repacking): its "
+                             "AMX kernels crashed on an Intel Xeon VM (SIGSEGV in "
+                             "ggml_backend_amx_mul_mat, llama-cpp-python 0.3.36, 2026-12-03)")
     parser.add_argument("--child", choices=["llamacpp"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "llamacpp":
         if not args.model:
             sys.exit("--child llamacpp needs --model")
-        child_llamacpp(args.model, args.threads, long_prompt() if args.long_prompt else PROMPT)
+        child_llamacpp(args.model, args.threads, long_prompt() if args.long_prompt else PROMPT,
+                       args.no_extra_bufts)
         return
 
     xfmr_bin = args.xfmr_bin or build_xfmr()
@@ -264,7 +282,7 @@ def main():
         label = "warm-up" if i == 0 else f"round {i}/{args.rounds}"
         x = xfmr_round(xfmr_bin, path, args.weights, args.threads,
                        long_prompt() if args.long_prompt else PROMPT)
-        l = llamacpp_round(path, args.threads, args.long_prompt)
+        l = llamacpp_round(path, args.threads, args.long_prompt, args.no_extra_bufts)
         print(f"{label}: xfmr {x['prompt_tps']:.1f} / {x['gen_tps']:.1f} tokens/s, "
               f"{x['rss_kib'] / 1024:.1f} MiB; llama.cpp {l['prompt_tps']:.1f} / "
               f"{l['gen_tps']:.1f} tokens/s, {l['rss_kib'] / 1024:.1f} MiB",
