@@ -249,7 +249,7 @@ def build_model(torch, m, device):
             self.embed = nn.Embedding(vocab, d)
             nn.init.normal_(self.embed.weight, std=d ** -0.5)
             self.scale = math.sqrt(d) if m["scale_embeddings"] else 1.0
-            positions = model_positions(m)
+            self.positions = positions = model_positions(m)
             self.learned = None
             if positions == "Learned":
                 self.learned = nn.Parameter(torch.empty(m["max_len"], d))
@@ -268,7 +268,7 @@ def build_model(torch, m, device):
             x = self.embed(ids) * self.scale
             if self.learned is not None:
                 x = x + self.learned[:t]
-            elif model_positions(m) == "Sinusoidal":
+            elif self.positions == "Sinusoidal":
                 table = self.sinusoids if t <= self.sinusoids.shape[0] else \
                     sinusoidal_table(torch, t, d).to(x.device)
                 x = x + table[:t]
