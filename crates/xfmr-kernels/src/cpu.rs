@@ -1,13 +1,16 @@
 //! The CPU features the kernels dispatch on, probed once (as candle-core's and ggml-cpu's CPU
-//! feature probes are): [`features`], and the two ladders of levels the kernels choose from,
+//! feature probes are): [`features`], and the three ladders of levels the kernels choose from,
 //! [`FloatLevel`] (the `f32` loops: [`exp_shifted`](crate::exp_shifted), [`attend_cached`](crate::attend_cached),
 //! [`gelu_in_place`](crate::gelu_in_place), [`norm_rows`](crate::norm_rows) and
 //! [`norm_rows_backward`](crate::norm_rows_backward), [`silu_mul`](crate::silu_mul),
 //! [`dropout_mask`](crate::dropout_mask), the loss's rows,
 //! the activation quantisation of [`quant`](crate::quant)) and [`DotLevel`] (the integer products
-//! of [`quant`](crate::quant), re-exported there as `quant::Path`).
+//! of [`quant`](crate::quant), re-exported there as `quant::Path`) and [`Bf16Level`] (the
+//! products with `bf16` factors of [`bf16`](crate::bf16)).
 //!
-//! This module is the only place that asks the CPU what it has (`is_x86_feature_detected!`),
+//! This module is the only place that asks the CPU what it has (`is_x86_feature_detected!`,
+//! and for AMX, which the standard library cannot detect on stable Rust, `cpuid` and the
+//! OS's leave to use the tiles),
 //! and every kernel with SIMD copies dispatches the same way, ggml-cpu style (the generic code
 //! beside `#[target_feature]` copies or an `x86` module):
 //!
@@ -52,6 +55,12 @@ pub struct Features {
     pub avx512vnni: bool,
     /// AVX-VNNI (`vpdpbusd`, VEX-encoded).
     pub avxvnni: bool,
+    /// AVX-512 BF16 (`vdpbf16ps`: pairs of `bf16` products summed into `f32` lanes).
+    pub avx512bf16: bool,
+    /// AMX with its BF16 products (`tdpbf16ps` on 16×32 tiles), and the OS's leave to use the
+    /// tile registers (on Linux the process asks for it once, `arch_prctl`, as llama.cpp and
+    /// oneDNN do; `false` where it is refused or the OS has no such request).
+    pub amx_bf16: bool,
 }
 
 impl Features {
@@ -69,13 +78,58 @@ impl Features {
                 avx512vl: has!("avx512vl"),
                 avx512vnni: has!("avx512vnni"),
                 avxvnni: has!("avxvnni"),
+                avx512bf16: has!("avx512bf16") && has!("avx512f"),
+                amx_bf16: amx_available(),
             }
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
         {
-            Self::default()
+            Self {
+                amx_bf16: amx_available(),
+                ..Self::default()
+            }
         }
     }
+}
+
+/// Whether the CPU has AMX's tiles and BF16 products (`cpuid` leaf 7: `AMX-TILE`, EDX bit 24;
+/// `AMX-BF16`, bit 22) and Linux lets this process use the tile data (`arch_prctl
+/// (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, which a kernel without AMX support refuses; the
+/// permission lasts for the process, every thread). `false` on other systems.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(unsafe_code)]
+fn amx_available() -> bool {
+    use std::arch::x86_64::{__cpuid, __cpuid_count};
+    /// `arch_prctl`'s request for an extended state component (Linux 5.16).
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    /// The AMX tile data's state component.
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: `cpuid` reads the CPU's identification, nothing else; every x86_64 CPU has it
+    // and leaf 7 (asked only where leaf 0 says it exists). (Safe functions in newer
+    // toolchains, `unsafe` in older ones: the block keeps both building.)
+    #[allow(unused_unsafe)]
+    let leaf7 = unsafe {
+        if __cpuid(0).eax < 7 {
+            return false;
+        }
+        __cpuid_count(7, 0)
+    };
+    let amx = leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 22) != 0;
+    // SAFETY: `arch_prctl` with this request reads two integers and changes only the
+    // process's permitted state components; no memory is passed.
+    amx && unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        ) == 0
+    }
+}
+
+/// No AMX outside Linux on x86_64 (the permission is asked for through Linux's `arch_prctl`).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+fn amx_available() -> bool {
+    false
 }
 
 /// The probe's result and the best level of each ladder, computed once.
@@ -83,6 +137,7 @@ struct Probe {
     features: Features,
     float: FloatLevel,
     dot: DotLevel,
+    bf16: Bf16Level,
 }
 
 fn probe() -> &'static Probe {
@@ -93,6 +148,7 @@ fn probe() -> &'static Probe {
             features,
             float: FloatLevel::best(features),
             dot: DotLevel::best(features),
+            bf16: Bf16Level::best(features),
         }
     })
 }
@@ -192,6 +248,7 @@ impl DotLevel {
             avx512vl,
             avx512vnni,
             avxvnni,
+            ..
         } = features;
         let simd = avx2 && fma && f16c;
         match self {
@@ -214,6 +271,67 @@ impl DotLevel {
             .find(|level| level.supported_by(features))
             .unwrap_or(Self::Portable)
     }
+}
+
+/// The levels of the products with `bf16` factors and `f32` sums ([`bf16`](crate::bf16)), by
+/// the instruction that multiplies: each gives every product exactly (a `bf16` has 8 bits of
+/// mantissa, their product fits an `f32`) and sums in `f32`, in its own order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Bf16Level {
+    /// AMX: `tdpbf16ps` on tiles of 16 rows by 32 `bf16` (Intel Xeon since Sapphire Rapids).
+    Amx,
+    /// AVX-512 BF16: `vdpbf16ps` on 512-bit registers (AMD Zen 4 and later, Intel Cooper Lake
+    /// and Sapphire Rapids and later).
+    Avx512Bf16,
+    /// Plain Rust (any CPU): the same products in `f32`, slower than the `f32` matrix product
+    /// itself, so callers that may choose take `bf16` only on the levels above
+    /// ([`has_bf16_products`]).
+    Portable,
+}
+
+impl Bf16Level {
+    /// Every level, best first.
+    pub const ALL: [Self; 3] = [Self::Amx, Self::Avx512Bf16, Self::Portable];
+
+    /// The best level this CPU has (probed once).
+    pub fn detect() -> Self {
+        probe().bf16
+    }
+
+    /// Whether this CPU has every feature the level's code uses.
+    pub fn available(self) -> bool {
+        self.supported_by(features())
+    }
+
+    /// Whether a CPU with `features` has every feature of the level (AMX's kernel converts its
+    /// activations with AVX-512 BF16, which every AMX CPU has).
+    pub fn supported_by(self, features: Features) -> bool {
+        match self {
+            Self::Amx => features.amx_bf16 && features.avx512bf16,
+            Self::Avx512Bf16 => features.avx512bf16,
+            Self::Portable => true,
+        }
+    }
+
+    /// Panics unless the level is [`available`](Self::available).
+    #[track_caller]
+    pub fn assert_available(self) {
+        assert!(self.available(), "{self:?} is not available on this CPU");
+    }
+
+    fn best(features: Features) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|level| level.supported_by(features))
+            .unwrap_or(Self::Portable)
+    }
+}
+
+/// Whether this CPU multiplies `bf16` in hardware ([`Bf16Level::Amx`] or
+/// [`Bf16Level::Avx512Bf16`]): where it does not, a product in `bf16` is no faster than in
+/// `f32`, and callers asked for `bf16` products keep `f32` ones.
+pub fn has_bf16_products() -> bool {
+    Bf16Level::detect() != Bf16Level::Portable
 }
 
 #[cfg(test)]
@@ -243,7 +361,19 @@ mod tests {
             avx512vl: true,
             avx512vnni: true,
             avxvnni: true,
+            avx512bf16: true,
+            amx_bf16: true,
         };
+        assert_eq!(Bf16Level::best(Features::default()), Bf16Level::Portable);
+        assert_eq!(Bf16Level::best(all), Bf16Level::Amx);
+        assert_eq!(
+            Bf16Level::best(Features {
+                amx_bf16: false,
+                ..all
+            }),
+            Bf16Level::Avx512Bf16
+        );
+        assert!(Bf16Level::detect().available());
         assert_eq!(FloatLevel::best(Features::default()), FloatLevel::Portable);
         assert_eq!(DotLevel::best(Features::default()), DotLevel::Portable);
         assert_eq!(FloatLevel::best(all), FloatLevel::Avx512);
@@ -253,6 +383,8 @@ mod tests {
             avx512f: false,
             avx512vl: false,
             avx512vnni: false,
+            avx512bf16: false,
+            amx_bf16: false,
             ..all
         };
         assert_eq!(FloatLevel::best(alder), FloatLevel::Avx2);
@@ -261,11 +393,17 @@ mod tests {
         let skylake = Features {
             avx512vnni: false,
             avxvnni: false,
+            avx512bf16: false,
+            amx_bf16: false,
             ..all
         };
         assert_eq!(FloatLevel::best(skylake), FloatLevel::Avx512);
         assert_eq!(DotLevel::best(skylake), DotLevel::Avx2);
+        assert_eq!(Bf16Level::best(skylake), Bf16Level::Portable);
         for f in [all, alder, skylake, Features::default()] {
+            for pair in Bf16Level::ALL.windows(2) {
+                assert!(!pair[0].supported_by(f) || pair[1].supported_by(f));
+            }
             for pair in FloatLevel::ALL.windows(2) {
                 assert!(!pair[0].supported_by(f) || pair[1].supported_by(f));
             }

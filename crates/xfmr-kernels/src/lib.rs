@@ -18,12 +18,15 @@
 //! - [`norm_rows`]: LayerNorm and RMSNorm row by row in place ([`RowNorm`]), and
 //!   [`norm_rows_backward`], their gradients (training);
 //! - [`silu_mul`]: SwiGLU's `silu(g)·u`, vectorised (xfmr-llm's quantised model);
+//! - [`bf16`]: matrix products with `bf16` factors and `f32` sums on weights packed once
+//!   ([`bf16::PackedBf16`]), on AMX, AVX-512 BF16 or in plain Rust, for callers that permit
+//!   `bf16` products (PyTorch's `"medium"` float32 matmul precision);
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
 //!   the blocks with `i8`-quantised activations (llama.cpp's scheme);
 //! - [`cpu`]: the CPU feature probe, run once, and the levels every kernel with SIMD copies
 //!   dispatches on with one `match` ([`cpu::FloatLevel`]: AVX-512F / AVX2 / portable for the
 //!   `f32` loops; [`cpu::DotLevel`]: AVX-512 VNNI / AVX-VNNI / AVX2 / portable for the
-//!   quantised products).
+//!   quantised products; [`cpu::Bf16Level`]: AMX / AVX-512 BF16 / portable for [`bf16`]).
 //!
 //! **The glue to burn's flex backend** (feature `flex`, which turns on burn with its `flex` and
 //! `autodiff` features; `src/flex/`): `attention` (the whole of `softmax(QKᵀ·s + M + A) V` per
@@ -50,6 +53,7 @@
 //! `Cargo.toml`; the test `architecture_safety_inventory_lists_every_unsafe_site`
 //! (`tests/architecture.rs`) checks it against the sources both ways.
 
+pub mod bf16;
 pub mod cpu;
 
 mod cached;
@@ -71,7 +75,7 @@ pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
 pub use flex::{
-    attention, attention_autodiff, gelu, gelu_autodiff, norm, norm_autodiff, runs_on,
+    attention, attention_autodiff, gelu, gelu_autodiff, linear_bf16, norm, norm_autodiff, runs_on,
     runs_on_autodiff, smoothed_cross_entropy, SmoothedCrossEntropy,
 };
 pub use gelu::{gelu_backward_in_place, gelu_in_place};

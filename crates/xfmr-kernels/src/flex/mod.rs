@@ -9,6 +9,8 @@
 //!   operation of `Autodiff<Flex>`'s graph, with its derivative as the backward;
 //! - [`smoothed_cross_entropy`]: the label-smoothed loss, row by row, and under
 //!   `Autodiff<Flex>` one operation whose state is its gradient in closed form;
+//! - [`linear_bf16`]: `x·W + b` with `bf16` products and `f32` sums (callers that permit
+//!   them);
 //! - [`norm`]: LayerNorm and RMSNorm over the last dimension, one row at a time;
 //!   [`norm_autodiff`]: the same as one operation of `Autodiff<Flex>`'s graph, with its
 //!   gradients with respect to `x`, γ and β row by row as the backward.
@@ -30,12 +32,14 @@ use burn::tensor::{DType, Tensor, TensorPrimitive};
 mod attention;
 mod attention_autodiff;
 mod gelu;
+mod linear;
 mod loss;
 mod norm;
 
 pub use attention::attention;
 pub use attention_autodiff::{attention_autodiff, runs_on_autodiff};
 pub use gelu::{gelu, gelu_autodiff};
+pub use linear::linear_bf16;
 pub use loss::{smoothed_cross_entropy, SmoothedCrossEntropy};
 pub use norm::{norm, norm_autodiff};
 
