@@ -12,6 +12,9 @@
 //!   whose keys are all ignored yields a zero row, never NaN.
 //! - [`MultiHeadAttention`]: self- and cross-attention, grouped key/value heads, per-projection
 //!   bias switches, optional weights, PyTorch import ([`MultiHeadAttention::load_torch`]).
+//! - [`MatmulPrecision`] and [`with_matmul_precision`]: `bf16` products permitted for the
+//!   projections ([`linear`], which every `Linear` of the xfmr crates goes through) where the
+//!   backend and CPU make them faster, as PyTorch's `set_float32_matmul_precision("medium")`.
 //! - [`KvCache`]: self-attention keys/values kept across incremental decoding steps;
 //!   reorderable along the batch (beam search) and truncatable. [`ProjectedMemory`]: the encoder
 //!   memory projected once for a decoding step's cross-attention.
@@ -49,6 +52,7 @@ mod input;
 mod mask;
 mod mha;
 mod options;
+mod precision;
 mod rotation;
 mod sdpa;
 mod torch;
@@ -59,6 +63,9 @@ pub use input::MhaInput;
 pub use mask::AttnMask;
 pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
+pub use precision::{
+    linear, matmul_precision, takes_bf16_products, with_matmul_precision, MatmulPrecision,
+};
 pub use rotation::QkRotation;
 pub use sdpa::{
     attention_decomposed, attention_fused, attention_reference, scaled_dot_product_attention,

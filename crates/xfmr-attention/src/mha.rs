@@ -302,9 +302,8 @@ impl<B: Backend> MultiHeadAttention<B> {
     /// through a batched product (one small product per batch entry), measurably slower.
     fn project(&self, x: Tensor<B, 3>, linear: &Linear<B>, heads: usize) -> Tensor<B, 4> {
         let [batch, seq, d_model] = x.dims();
-        linear
-            // (B, T, d_model) -> (B·T, d_model) -> (B·T, h·d_k)
-            .forward(x.reshape([batch * seq, d_model]))
+        // (B, T, d_model) -> (B·T, d_model) -> (B·T, h·d_k)
+        crate::linear(linear, x.reshape([batch * seq, d_model]))
             // (B·T, h·d_k) -> (B, T, h, d_k)
             .reshape([batch, seq, heads, self.d_k])
             // (B, T, h, d_k) -> (B, h, T, d_k)
@@ -338,10 +337,7 @@ impl<B: Backend> MultiHeadAttention<B> {
             // (B, Tq, h, d_k) -> (B·Tq, h·d_k)
             .reshape([batch * seq_q, self.n_heads * self.d_k]);
         // (B·Tq, h·d_k) -> (B·Tq, d_model) -> (B, Tq, d_model)
-        let context = self
-            .output
-            .forward(context)
-            .reshape([batch, seq_q, self.d_model]);
+        let context = crate::linear(&self.output, context).reshape([batch, seq_q, self.d_model]);
         Ok(MhaOutput {
             context,
             weights: out.weights,

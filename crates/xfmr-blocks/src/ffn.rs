@@ -6,7 +6,7 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig};
 use burn::tensor::activation::{gelu, relu, silu};
 use burn::tensor::{backend::Backend, Tensor};
 
-use xfmr_attention::InvalidConfig;
+use xfmr_attention::{linear, InvalidConfig};
 
 use crate::BlockError;
 
@@ -107,16 +107,16 @@ impl<B: Backend> FeedForward<B> {
         let [batch, seq, d_model] = x.dims();
         // (B, T, d) -> (B·T, d): one 2-D product on the CPU backends.
         let x = x.reshape([batch * seq, d_model]);
-        let hidden = self.linear1.forward(x.clone());
+        let hidden = linear(&self.linear1, x.clone());
         let hidden = match (self.activation, &self.gate) {
             (Activation::Relu, _) => relu(hidden),
             (Activation::Gelu, _) => exact_gelu(hidden),
-            (Activation::SwiGlu, Some(gate)) => silu(hidden) * gate.forward(x),
+            (Activation::SwiGlu, Some(gate)) => silu(hidden) * linear(gate, x),
             (Activation::SwiGlu, None) => {
                 unreachable!("FeedForwardConfig::init gives SwiGLU a gate")
             }
         };
-        let out = self.linear2.forward(crate::dropout(&self.dropout, hidden));
+        let out = linear(&self.linear2, crate::dropout(&self.dropout, hidden));
         let d_out = out.dims()[1];
         out.reshape([batch, seq, d_out])
     }

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Result};
+use xfmr::attention::{takes_bf16_products, MatmulPrecision};
 use xfmr::burn::tensor::backend::Backend;
 use xfmr_llm::fetch as llm_fetch;
 use xfmr_sentence::{fetch, SentenceEncoder};
@@ -21,6 +22,30 @@ pub struct ModelArgs {
     /// Sentences per forward pass.
     #[arg(long, default_value_t = 32)]
     pub batch_size: usize,
+    /// What the encoder's products may compute in: `f32`, or `bf16` (factors rounded to bf16,
+    /// sums in f32: faster on the flex backend of a CPU with AMX or AVX-512 BF16, f32
+    /// elsewhere).
+    #[arg(long, default_value = "f32")]
+    pub precision: MatmulPrecision,
+}
+
+impl ModelArgs {
+    /// `--precision` for backend `B` ([`precision_for`]).
+    pub(crate) fn precision_for<B: Backend>(&self) -> MatmulPrecision {
+        precision_for::<B>(self.precision, "--precision")
+    }
+}
+
+/// `precision` (the value of option `flag`) for backend `B`, with a note on stderr when `bf16`
+/// was asked for where it changes nothing.
+pub(crate) fn precision_for<B: Backend>(precision: MatmulPrecision, flag: &str) -> MatmulPrecision {
+    if precision == MatmulPrecision::Bf16 && !takes_bf16_products::<B>() {
+        eprintln!(
+            "{flag} bf16: f32 products (bf16 ones need the flex backend and a CPU with AMX or \
+             AVX-512 BF16)"
+        );
+    }
+    precision
 }
 
 /// The sentence model of `args` (MiniLM from the cache unless `--model-dir`).
@@ -36,6 +61,7 @@ pub(crate) fn load_encoder<B: Backend>(args: &ModelArgs) -> Result<SentenceEncod
         bail!("--batch-size must be at least 1, got 0");
     }
     encoder.batch_size = args.batch_size;
+    encoder.precision = args.precision_for::<B>();
     Ok(encoder)
 }
 

@@ -338,7 +338,7 @@ impl<B: Backend> EncoderOnly<B> {
             .pooler
             .as_ref()
             .expect("EncoderOnly::pooled: no pooler");
-        tanh(pooler.forward(cls_state(hidden)))
+        tanh(xfmr_attention::linear(pooler, cls_state(hidden)))
     }
 
     /// Sequence classification logits from the pooled output (or the `[CLS]` state without a
@@ -358,7 +358,7 @@ impl<B: Backend> EncoderOnly<B> {
             Some(_) => self.pooled(hidden),
             None => cls_state(hidden),
         };
-        classifier.forward(xfmr_blocks::dropout(&self.dropout, pooled))
+        xfmr_attention::linear(classifier, xfmr_blocks::dropout(&self.dropout, pooled))
     }
 
     /// Masked-token prediction logits. The vocabulary product runs in chunks of rows (as in
@@ -379,7 +379,10 @@ impl<B: Backend> EncoderOnly<B> {
             .as_ref()
             .expect("EncoderOnly::mlm_logits: no MLM head (set mlm_head)");
         let [batch, seq, d] = hidden.dims();
-        let h = exact_gelu(head.dense.forward(hidden.reshape([batch * seq, d])));
+        let h = exact_gelu(xfmr_attention::linear(
+            &head.dense,
+            hidden.reshape([batch * seq, d]),
+        ));
         let h = head.norm.forward(h.reshape([batch, seq, d]));
         Ok(vocab_logits(None, &self.token_embedding, h)? + head.bias.val().unsqueeze::<3>())
     }

@@ -168,7 +168,7 @@ pub(crate) fn project_rows<B: Backend>(
     let h = h.reshape([rows, d]);
     let project = |h: Tensor<B, 2>| -> Tensor<B, 2> {
         match output {
-            Some(linear) => linear.forward(h),
+            Some(linear) => xfmr_attention::linear(linear, h),
             None => {
                 let n = h.dims()[0];
                 table.logits(h.reshape([1, n, d])).reshape([n, vocab])

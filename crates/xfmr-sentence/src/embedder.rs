@@ -20,6 +20,7 @@
 //! ```
 
 use burn::tensor::{backend::Backend, Tensor};
+use xfmr_attention::{with_matmul_precision, MatmulPrecision};
 use xfmr_models::generate::Cancel;
 use xfmr_models::{l2_normalize, padded_ids, EncoderOnly, PadSide, Pooling};
 
@@ -40,6 +41,9 @@ pub struct Embedder<'a, B: Backend> {
     pub normalize: bool,
     /// Sentences per forward pass in [`embed_ids`](Self::embed_ids). Default: 32.
     pub batch_size: usize,
+    /// What the model's projections may compute in (`xfmr_attention::with_matmul_precision`
+    /// around each forward pass). Default: [`MatmulPrecision::F32`].
+    pub precision: MatmulPrecision,
 }
 
 impl<'a, B: Backend> Embedder<'a, B> {
@@ -52,6 +56,7 @@ impl<'a, B: Backend> Embedder<'a, B> {
             pooling: Pooling::Mean,
             normalize: true,
             batch_size: 32,
+            precision: MatmulPrecision::F32,
         }
     }
 
@@ -70,6 +75,13 @@ impl<'a, B: Backend> Embedder<'a, B> {
     /// With `batch_size` sentences per forward pass.
     pub fn with_batch_size(mut self, batch_size: usize) -> Self {
         self.batch_size = batch_size;
+        self
+    }
+
+    /// With the projections' products in `precision` ([`MatmulPrecision::Bf16`]: `bf16`
+    /// factors and `f32` sums where the backend and CPU make that faster).
+    pub fn with_precision(mut self, precision: MatmulPrecision) -> Self {
+        self.precision = precision;
         self
     }
 
@@ -105,9 +117,10 @@ impl<'a, B: Backend> Embedder<'a, B> {
     /// # Errors
     /// A sequence longer than the position table.
     pub fn hidden_states(&self, batch: &TokenBatch<B>) -> Result<Tensor<B, 3>, SentenceError> {
-        Ok(self
-            .model
-            .forward(batch.ids.clone(), None, Some(&batch.mask()))?)
+        Ok(with_matmul_precision(self.precision, || {
+            self.model
+                .forward(batch.ids.clone(), None, Some(&batch.mask()))
+        })?)
     }
 
     /// Sentence embeddings of a batch: pooled over its real tokens, then normalised if asked.

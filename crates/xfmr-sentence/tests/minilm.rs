@@ -163,6 +163,43 @@ fn minilm_matches_transformers_on_wgpu() {
     check::<Wgpu>(1e-3, "wgpu");
 }
 
+/// MiniLM with `bf16` products permitted (`MatmulPrecision::Bf16`, as `xfmr embed --precision
+/// bf16`) on flex: each sentence's embedding, alone and in `embed`'s sorted batches, within
+/// cosine 0.999 of transformers' `f32` embedding (the requirement: a cosine-similarity ranking
+/// moves by at most 1e-3; each factor rounded to `bf16` is within 2⁻⁹ of itself). Where the CPU
+/// has no `bf16` products the setting changes nothing and the `f32` tolerance holds anyway.
+#[test]
+#[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-sentence -- --ignored`"]
+fn minilm_bf16_embeddings_match_transformers_on_flex() {
+    use xfmr_attention::{takes_bf16_products, MatmulPrecision};
+
+    let mut encoder = SentenceEncoder::<Flex>::from_dir(&model_dir(), &Default::default()).unwrap();
+    encoder.precision = MatmulPrecision::Bf16;
+    let fixture = Fixture::load("minilm/reference");
+    let sentences = fixture.metadata_strings("sentences");
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    let ids = encoder.tokenize(&refs).unwrap();
+    let mut worst = f64::INFINITY;
+    for (k, row) in ids.iter().enumerate() {
+        let reference = &fixture.host(&format!("embedding.{k}")).values;
+        let batch = encoder.batch(std::slice::from_ref(row)).unwrap();
+        let alone = to_vec(&encoder.embed_batch(&batch).unwrap());
+        let e: Vec<f64> = encoder.embed(&refs).unwrap()[k]
+            .iter()
+            .map(|&v| f64::from(v))
+            .collect();
+        for (what, got) in [("alone", &alone), ("batched", &e)] {
+            let cos = cosine_f64(got, reference);
+            worst = worst.min(cos);
+            assert!(cos >= 0.999, "bf16: sentence {k} ({what}) cosine {cos}");
+        }
+    }
+    eprintln!(
+        "bf16 products taken: {}; worst embedding cosine to transformers {worst:.6}",
+        takes_bf16_products::<Flex>()
+    );
+}
+
 /// The [`Embedder`](xfmr_sentence::Embedder) of any encoder-only model (a random tiny one, no
 /// download): with a live cancel token it embeds as without one; cancelled, or past its
 /// deadline, it stops with `ModelError::Cancelled`.

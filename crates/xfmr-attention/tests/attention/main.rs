@@ -7,6 +7,8 @@ mod gpu;
 mod invariants;
 mod parity;
 mod paths;
+#[cfg(feature = "flex")]
+mod precision;
 mod units;
 
 use burn::backend::NdArray;

@@ -66,7 +66,7 @@ fn embed<B: Backend>(args: &Args) -> Result<()> {
                 start.elapsed().as_secs_f64()
             );
             let start = Instant::now();
-            let embeddings = embed_run(&model, &tokenizer, &sentences, args.model.batch_size)?;
+            let embeddings = embed_run(&model, &tokenizer, &sentences, &args.model)?;
             (embeddings, start.elapsed().as_secs_f64())
         }
         None => {
@@ -103,12 +103,12 @@ fn embed<B: Backend>(args: &Args) -> Result<()> {
 
 /// Sentence embeddings from an `mlm` run: its encoder over `[bos] + sentence + [eos]` (what it
 /// read in training), mean-pooled over the real tokens and L2-normalised (as
-/// sentence-transformers pools MiniLM), `batch_size` sentences per pass.
+/// sentence-transformers pools MiniLM), `--batch-size` sentences per pass, in `--precision`.
 fn embed_run<B: Backend>(
     model: &EncoderOnly<B>,
     tokenizer: &SubwordTokenizer,
     sentences: &[&str],
-    batch_size: usize,
+    args: &ModelArgs,
 ) -> Result<Vec<Vec<f32>>> {
     let ids = sentences
         .iter()
@@ -117,6 +117,7 @@ fn embed_run<B: Backend>(
     Ok(Embedder::new(model, &Default::default())
         .with_pooling(Pooling::Mean)
         .with_normalize(true)
-        .with_batch_size(batch_size)
+        .with_batch_size(args.batch_size)
+        .with_precision(args.precision_for::<B>())
         .embed_ids(&ids)?)
 }

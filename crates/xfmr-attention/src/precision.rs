@@ -1,0 +1,121 @@
+//! What the matrix products of the layers' `Linear` projections may compute in: the
+//! [`MatmulPrecision`] a caller permits for what runs inside [`with_matmul_precision`], and
+//! [`linear`], the one call every projection of the xfmr crates goes through.
+//!
+//! As PyTorch's `torch.set_float32_matmul_precision("medium")` and JAX's
+//! `default_matmul_precision`, the setting is a permission, not a format: the tensors stay
+//! `f32`, and a product may round its factors to `bf16` (summing in `f32`) where that is
+//! faster, which on xfmr's side is burn's `flex` backend on a CPU that multiplies `bf16` in
+//! hardware (AMX or AVX-512 BF16; [`takes_bf16_products`]). Elsewhere it is the `f32`
+//! product, as by default. Each element then differs from the `f32` product by at most
+//! `(2⁻⁸ + 2⁻¹⁶ + k·2⁻²⁴) · Σₗ |x_l|·|W_lj|` (inner size `k`; the kernel's tests hold every
+//! CPU path to it).
+//!
+//! The setting is the calling thread's and lasts for the closure (burn's CPU backends run a
+//! forward pass on the thread that calls it; their workers inherit nothing): a server can run
+//! one model with `bf16` products beside another without them.
+
+use std::cell::Cell;
+
+use burn::nn::Linear;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+use serde::{Deserialize, Serialize};
+
+/// What the `Linear` projections' products may compute in, for the calling thread inside
+/// [`with_matmul_precision`]: a permission, as PyTorch's `set_float32_matmul_precision`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulPrecision {
+    /// `f32` factors and sums (burn's own product): the default.
+    #[default]
+    F32,
+    /// Factors rounded to `bf16`, sums in `f32`, where [`takes_bf16_products`] holds; the `f32`
+    /// product elsewhere.
+    Bf16,
+}
+
+impl std::str::FromStr for MatmulPrecision {
+    type Err = String;
+
+    /// `f32` or `bf16` (a command line's `--precision`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!(
+                "unknown matmul precision {other:?} (expected f32 or bf16)"
+            )),
+        }
+    }
+}
+
+thread_local! {
+    static PRECISION: Cell<MatmulPrecision> = const { Cell::new(MatmulPrecision::F32) };
+}
+
+/// The precision the calling thread's projections run with now ([`MatmulPrecision::F32`]
+/// outside [`with_matmul_precision`]).
+pub fn matmul_precision() -> MatmulPrecision {
+    PRECISION.with(Cell::get)
+}
+
+/// Runs `f` with `precision` permitted for the calling thread's projections, and restores the
+/// previous setting after it (also when `f` panics). Nested calls take the innermost.
+///
+/// ```
+/// use xfmr_attention::{matmul_precision, with_matmul_precision, MatmulPrecision};
+///
+/// let inside = with_matmul_precision(MatmulPrecision::Bf16, matmul_precision);
+/// assert_eq!(inside, MatmulPrecision::Bf16);
+/// assert_eq!(matmul_precision(), MatmulPrecision::F32);
+/// ```
+pub fn with_matmul_precision<R>(precision: MatmulPrecision, f: impl FnOnce() -> R) -> R {
+    struct Restore(MatmulPrecision);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PRECISION.with(|p| p.set(self.0));
+        }
+    }
+    let _restore = Restore(PRECISION.with(|p| p.replace(precision)));
+    f()
+}
+
+/// Whether [`MatmulPrecision::Bf16`] changes anything for tensors of backend `B`: `B` is
+/// burn's `Flex` (this crate built with its `flex` feature, f32 tensors) and the CPU
+/// multiplies `bf16` in hardware (AMX or AVX-512 BF16). `false` for every other backend,
+/// autodiff included (training keeps `f32` products).
+pub fn takes_bf16_products<B: Backend>() -> bool {
+    #[cfg(feature = "flex")]
+    {
+        xfmr_kernels::runs_on::<B>(burn::tensor::DType::F32)
+            && xfmr_kernels::cpu::has_bf16_products()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        false
+    }
+}
+
+/// `x·W + b` through `linear`, with the products the calling thread's [`matmul_precision`]
+/// permits: `linear.forward(x)` unless the precision is [`MatmulPrecision::Bf16`] and
+/// [`takes_bf16_products`] holds for `B`, then xfmr's `bf16` kernel (weights packed per call,
+/// `f32` sums). Every projection of attention, the feed-forward blocks and the models' heads
+/// goes through it.
+///
+/// # Shapes
+/// - `x`: `[..., d_in]`; output: `[..., d_out]`
+pub fn linear<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(feature = "flex")]
+    if matmul_precision() == MatmulPrecision::Bf16
+        && x.dtype() == burn::tensor::DType::F32
+        && takes_bf16_products::<B>()
+    {
+        return xfmr_kernels::linear_bf16(
+            x,
+            linear.weight.val(),
+            linear.bias.as_ref().map(|b| b.val()),
+        );
+    }
+    linear.forward(x)
+}
