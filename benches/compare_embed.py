@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Sentence-embedding throughput: `xfmr embed` vs sentence-transformers (PyTorch), in one run
 on one machine, same model files (all-MiniLM-L6-v2), same 1,000 sentences
-(benches/data/kjv_1000.txt: King James verses, public domain), batch 32, f32, CPU.
+(benches/data/kjv_1000.txt: King James verses, public domain), batch 32, CPU; f32, and with
+`--bf16` both sides again with bf16 products permitted: `xfmr embed --precision bf16` (bf16
+factors, f32 sums: AMX or AVX-512 BF16 on the flex backend) beside sentence-transformers under
+`torch.autocast("cpu", dtype=torch.bfloat16)` (oneDNN's bf16 kernels), each line with its
+minimum cosine to the f32 peer's vectors.
 
 Both sides are timed on the embedding call only (tokenization + forward + pooling +
 normalisation; model loading excluded): xfmr reports it on stderr, sentence-transformers is
@@ -9,7 +13,7 @@ timed around `encode` after a warm-up. Each side runs `--repeats` times; the bes
 The script also checks that both produced the same vectors (minimum cosine).
 
     python3 benches/compare_embed.py [--backends ndarray flex] [--repeats 3]
-        [--xfmr-bin target/release/xfmr]
+        [--xfmr-bin target/release/xfmr] [--bf16]
 
 Without `--xfmr-bin` it builds `cargo build --release -p xfmr-cli` first and runs that binary.
 
@@ -36,7 +40,7 @@ def model_dir(binary):
     return out.strip().splitlines()[-1]
 
 
-def xfmr(binary, backend, path, model, repeats):
+def xfmr(binary, backend, path, model, repeats, precision="f32"):
     best, vectors = None, None
     for _ in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
@@ -44,7 +48,7 @@ def xfmr(binary, backend, path, model, repeats):
             run = subprocess.run(
                 [binary, "embed",
                  "--file", path, "--json", out, "--backend", backend, "--model-dir", model,
-                 "--batch-size", "32"],
+                 "--batch-size", "32", "--precision", precision],
                 cwd=ROOT, check=True, capture_output=True, text=True,
             )
             timed = re.search(r"embedded \d+ sentences in ([0-9.]+) s", run.stderr)
@@ -56,23 +60,33 @@ def xfmr(binary, backend, path, model, repeats):
     return best, vectors
 
 
-def peer(sentences, model, repeats, threads):
+def peer(sentences, model, repeats, threads, bf16=False):
     try:
         import torch
         from sentence_transformers import SentenceTransformer
     except ImportError as e:
         print(f"sentence-transformers not importable ({e}): peer skipped", file=sys.stderr)
         return None, None
+    import contextlib
     torch.set_num_threads(threads)
     st = SentenceTransformer(model, device="cpu")
-    st.encode(sentences[:64], batch_size=32)  # warm-up
+
+    def context():
+        if bf16:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    with context():
+        st.encode(sentences[:64], batch_size=32)  # warm-up
     best, vectors = None, None
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = st.encode(sentences, batch_size=32)
-        seconds = time.perf_counter() - start
+        with context():
+            start = time.perf_counter()
+            out = st.encode(sentences, batch_size=32, convert_to_numpy=False)
+            seconds = time.perf_counter() - start
+        out = [v.float().tolist() for v in out]
         if best is None or seconds < best:
-            best, vectors = seconds, out.tolist()
+            best, vectors = seconds, out
     return best, vectors
 
 
@@ -92,6 +106,8 @@ def main():
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--file", default=os.path.join(ROOT, "benches/data/kjv_1000.txt"))
     parser.add_argument("--xfmr-bin", help="an xfmr binary (default: build the release one)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also both sides with bf16 products permitted")
     args = parser.parse_args()
     with open(args.file) as f:
         sentences = [line.strip() for line in f if line.strip()]
@@ -113,6 +129,22 @@ def main():
         if torch_s is not None:
             line += (f"   xfmr/torch {torch_s / seconds:.2f}x"
                      f"   min cosine to torch {min_cosine(vectors, torch_v):.6f}")
+        print(line)
+    if not args.bf16:
+        return
+    bf16_s, bf16_v = peer(sentences, model, args.repeats, args.threads, bf16=True)
+    if bf16_s is not None:
+        print(f"sentence-transformers, bf16 autocast: {n / bf16_s:8.1f} sentences/s "
+              f"({bf16_s:.2f} s)   min cosine to its f32 {min_cosine(bf16_v, torch_v):.6f}")
+    for backend in args.backends:
+        seconds, vectors = xfmr(binary, backend, args.file, model, args.repeats, "bf16")
+        line = (f"xfmr embed --backend {backend:8} --precision bf16: {n / seconds:8.1f} "
+                f"sentences/s ({seconds:.2f} s)")
+        if torch_s is not None:
+            line += (f"   /torch f32 {torch_s / seconds:.2f}x"
+                     f"   min cosine to torch f32 {min_cosine(vectors, torch_v):.6f}")
+        if bf16_s is not None:
+            line += f"   /torch bf16 {bf16_s / seconds:.2f}x"
         print(line)
 
 
