@@ -7,13 +7,16 @@
 //! `f32`, and a product may round its factors to `bf16` (summing in `f32`) where that is
 //! faster, which on xfmr's side is burn's `flex` backend on a CPU that multiplies `bf16` in
 //! hardware (AMX or AVX-512 BF16; [`takes_bf16_products`]). Elsewhere it is the `f32`
-//! product, as by default. Each element then differs from the `f32` product by at most
-//! `(2⁻⁸ + 2⁻¹⁶ + k·2⁻²⁴) · Σₗ |x_l|·|W_lj|` (inner size `k`; the kernel's tests hold every
-//! CPU path to it).
+//! product, as by default. Each element then differs from the exact product `x·W + b` by at
+//! most `(2⁻⁷ + 2⁻¹⁶ + (k+1)·2⁻²⁴) · (Σₗ |x_l|·|W_lj| + |b_j|)` (inner size `k`; bf16's unit
+//! roundoff is 2⁻⁸ per factor; the kernel's tests hold every CPU path to it), where the `f32`
+//! product's own error is within `(k+1)·2⁻²⁴` of the same sum.
 //!
 //! The setting is the calling thread's and lasts for the closure (burn's CPU backends run a
 //! forward pass on the thread that calls it; their workers inherit nothing): a server can run
-//! one model with `bf16` products beside another without them.
+//! one model with `bf16` products beside another without them on threads of its own. Not from
+//! inside a rayon job: a worker waiting in one of flex's parallel loops may run another job
+//! meanwhile, which would then see this setting.
 
 use std::cell::Cell;
 

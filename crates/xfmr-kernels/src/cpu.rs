@@ -57,9 +57,9 @@ pub struct Features {
     pub avxvnni: bool,
     /// AVX-512 BF16 (`vdpbf16ps`: pairs of `bf16` products summed into `f32` lanes).
     pub avx512bf16: bool,
-    /// AMX with its BF16 products (`tdpbf16ps` on 16×32 tiles), and the OS's leave to use the
-    /// tile registers (on Linux the process asks for it once, `arch_prctl`, as llama.cpp and
-    /// oneDNN do; `false` where it is refused or the OS has no such request).
+    /// AMX with its BF16 products (`tdpbf16ps` on 16×32 tiles), as `cpuid` reports them (Linux
+    /// x86_64 only). Using the tiles also needs the OS's leave, which the process asks for on
+    /// the first use of [`Bf16Level::Amx`] (its [`available`](Bf16Level::available)).
     pub amx_bf16: bool,
 }
 
@@ -79,13 +79,13 @@ impl Features {
                 avx512vnni: has!("avx512vnni"),
                 avxvnni: has!("avxvnni"),
                 avx512bf16: has!("avx512bf16") && has!("avx512f"),
-                amx_bf16: amx_available(),
+                amx_bf16: amx_in_cpu(),
             }
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "x86")))]
         {
             Self {
-                amx_bf16: amx_available(),
+                amx_bf16: amx_in_cpu(),
                 ..Self::default()
             }
         }
@@ -93,17 +93,12 @@ impl Features {
 }
 
 /// Whether the CPU has AMX's tiles and BF16 products (`cpuid` leaf 7: `AMX-TILE`, EDX bit 24;
-/// `AMX-BF16`, bit 22) and Linux lets this process use the tile data (`arch_prctl
-/// (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, which a kernel without AMX support refuses; the
-/// permission lasts for the process, every thread). `false` on other systems.
+/// `AMX-BF16`, bit 22). `false` outside Linux on x86_64 (the only system xfmr asks for the
+/// tiles on).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[allow(unsafe_code)]
-fn amx_available() -> bool {
+fn amx_in_cpu() -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
-    /// `arch_prctl`'s request for an extended state component (Linux 5.16).
-    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-    /// The AMX tile data's state component.
-    const XFEATURE_XTILEDATA: libc::c_long = 18;
     // SAFETY: `cpuid` reads the CPU's identification, nothing else; every x86_64 CPU has it
     // and leaf 7 (asked only where leaf 0 says it exists). (Safe functions in newer
     // toolchains, `unsafe` in older ones: the block keeps both building.)
@@ -114,22 +109,46 @@ fn amx_available() -> bool {
         }
         __cpuid_count(7, 0)
     };
-    let amx = leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 22) != 0;
-    // SAFETY: `arch_prctl` with this request reads two integers and changes only the
-    // process's permitted state components; no memory is passed.
-    amx && unsafe {
-        libc::syscall(
-            libc::SYS_arch_prctl,
-            ARCH_REQ_XCOMP_PERM,
-            XFEATURE_XTILEDATA,
-        ) == 0
-    }
+    leaf7.edx & (1 << 24) != 0 && leaf7.edx & (1 << 22) != 0
 }
 
 /// No AMX outside Linux on x86_64 (the permission is asked for through Linux's `arch_prctl`).
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-fn amx_available() -> bool {
+fn amx_in_cpu() -> bool {
     false
+}
+
+/// Whether Linux lets this process use the AMX tile data: asked once, on the first call
+/// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, which a kernel without AMX support
+/// refuses; the leave lasts for the process, every thread). Asked only when a caller wants
+/// [`Bf16Level::Amx`], not by every program that probes the CPU: the leave raises the signal
+/// stack every thread needs.
+#[allow(unsafe_code)]
+fn amx_permitted() -> bool {
+    static PERMITTED: OnceLock<bool> = OnceLock::new();
+    *PERMITTED.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            /// `arch_prctl`'s request for an extended state component (Linux 5.16).
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            /// The AMX tile data's state component.
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: `arch_prctl` with this request reads two integers and changes only the
+            // process's permitted state components; no memory is passed.
+            features().amx_bf16
+                && unsafe {
+                    libc::syscall(
+                        libc::SYS_arch_prctl,
+                        ARCH_REQ_XCOMP_PERM,
+                        XFEATURE_XTILEDATA,
+                    ) == 0
+                }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            false
+        }
+    })
 }
 
 /// The probe's result and the best level of each ladder, computed once.
@@ -137,7 +156,6 @@ struct Probe {
     features: Features,
     float: FloatLevel,
     dot: DotLevel,
-    bf16: Bf16Level,
 }
 
 fn probe() -> &'static Probe {
@@ -148,7 +166,6 @@ fn probe() -> &'static Probe {
             features,
             float: FloatLevel::best(features),
             dot: DotLevel::best(features),
-            bf16: Bf16Level::best(features),
         }
     })
 }
@@ -293,18 +310,25 @@ impl Bf16Level {
     /// Every level, best first.
     pub const ALL: [Self; 3] = [Self::Amx, Self::Avx512Bf16, Self::Portable];
 
-    /// The best level this CPU has (probed once).
+    /// The best level this CPU has (probed once; for AMX, the OS's leave asked for then).
     pub fn detect() -> Self {
-        probe().bf16
+        static BEST: OnceLock<Bf16Level> = OnceLock::new();
+        *BEST.get_or_init(|| {
+            Self::ALL
+                .into_iter()
+                .find(|level| level.available())
+                .unwrap_or(Self::Portable)
+        })
     }
 
-    /// Whether this CPU has every feature the level's code uses.
+    /// Whether this CPU has every feature the level's code uses, and for [`Amx`](Self::Amx)
+    /// the OS lets this process use the tiles (asked on the first call).
     pub fn available(self) -> bool {
-        self.supported_by(features())
+        self.supported_by(features()) && (self != Self::Amx || amx_permitted())
     }
 
     /// Whether a CPU with `features` has every feature of the level (AMX's kernel converts its
-    /// activations with AVX-512 BF16, which every AMX CPU has).
+    /// activations with AVX-512 BF16, which every AMX CPU has; the OS's leave aside).
     pub fn supported_by(self, features: Features) -> bool {
         match self {
             Self::Amx => features.amx_bf16 && features.avx512bf16,
@@ -319,6 +343,9 @@ impl Bf16Level {
         assert!(self.available(), "{self:?} is not available on this CPU");
     }
 
+    /// The best level a CPU with `features` has, the OS's leave aside (the tests' model of
+    /// [`detect`](Self::detect)).
+    #[cfg(test)]
     fn best(features: Features) -> Self {
         Self::ALL
             .into_iter()
@@ -374,6 +401,10 @@ mod tests {
             Bf16Level::Avx512Bf16
         );
         assert!(Bf16Level::detect().available());
+        assert_eq!(
+            Bf16Level::detect(),
+            Bf16Level::ALL.into_iter().find(|l| l.available()).unwrap()
+        );
         assert_eq!(FloatLevel::best(Features::default()), FloatLevel::Portable);
         assert_eq!(DotLevel::best(Features::default()), DotLevel::Portable);
         assert_eq!(FloatLevel::best(all), FloatLevel::Avx512);

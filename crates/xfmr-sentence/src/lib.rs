@@ -140,7 +140,10 @@ pub struct SentenceEncoder<B: Backend> {
     pub normalize: bool,
     /// Sentences per forward pass in [`embed`](Self::embed).
     pub batch_size: usize,
-    /// What the encoder's projections may compute in ([`MatmulPrecision`]). Default: `F32`
+    /// What the encoder's projections may compute in ([`MatmulPrecision`]) when it embeds
+    /// ([`embed`](Self::embed), [`embed_batch`](Self::embed_batch),
+    /// [`hidden_states`](Self::hidden_states); [`attention`](Self::attention)'s weights stay
+    /// `f32`). Default: `F32`
     /// (equal to sentence-transformers within the parity tests' tolerance); `Bf16` is faster
     /// on a CPU with AMX or AVX-512 BF16 under burn's `flex` backend, its embeddings within
     /// cosine 0.999 of transformers' `f32` ones (`minilm_bf16_*` tests; 0.99998 measured).

@@ -166,7 +166,7 @@ fn minilm_matches_transformers_on_wgpu() {
 /// MiniLM with `bf16` products permitted (`MatmulPrecision::Bf16`, as `xfmr embed --precision
 /// bf16`) on flex: each sentence's embedding, alone and in `embed`'s sorted batches, within
 /// cosine 0.999 of transformers' `f32` embedding (the requirement: a cosine-similarity ranking
-/// moves by at most 1e-3; each factor rounded to `bf16` is within 2⁻⁹ of itself). Where the CPU
+/// moves by at most 1e-3; each factor rounded to `bf16` is within 2⁻⁸ of itself). Where the CPU
 /// has no `bf16` products the setting changes nothing and the `f32` tolerance holds anyway.
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-sentence -- --ignored`"]

@@ -3,8 +3,9 @@
 //! version: the manifest's hashes catch damage, not a file written that way).
 //!
 //! Fields, split at the first `0xFF` byte: `config.json`, then `model.mpk`. The manifest is
-//! sealed over them ([`write_manifest`]) and [`checkpoint::load`] reads a [`Transformer`](xfmr_models::Transformer) on
-//! ndarray: a model, or an error naming the file; its memory bounded by the files' size (a
+//! sealed over them ([`write_manifest`]) and [`checkpoint::load`] reads a
+//! [`Transformer`](xfmr_models::Transformer) on ndarray: a model, or an error naming the file;
+//! its memory bounded by the files' size (a
 //! configuration that describes a model far larger than its weights file is refused, not
 //! allocated). Seed: a real checkpoint of a small model.
 

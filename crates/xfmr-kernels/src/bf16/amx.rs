@@ -45,18 +45,18 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
         let b1 = w.column_tiles(block.t0 + 2 * pair + 1).as_ptr();
         let a0 = a.as_ptr();
         let a1 = a.as_ptr().add(16 * width);
+        // The starting sums of the pair's 32 columns (the second tile's 64 bytes on).
         let s0 = block.start.as_ptr().add(2 * pair * TILE_N);
-        let s1 = s0.add(TILE_N);
-        // The four 16×16 tiles of sums: rows 0–15 and 16–31, columns 32·pair + 0–15 and 16–31.
-        let c00 = c.as_mut_ptr().add(2 * pair * TILE_N);
-        let c01 = c00.add(TILE_N);
-        let c10 = c00.add(16 * ldc);
-        let c11 = c10.add(TILE_N);
+        // The four 16×16 tiles of sums: rows 0–15 (from `c0`) and 16–31 (from `c1`), columns
+        // 32·pair + 0–15 and, 64 bytes on, 16–31. (Displacements rather than registers: the
+        // block uses twelve general registers, which a frame pointer leaves room for.)
+        let c0 = c.as_mut_ptr().add(2 * pair * TILE_N);
+        let c1 = c0.add(16 * ldc);
         asm!(
             "tileloadd tmm0, [{s0} + {zero}*1]",
-            "tileloadd tmm1, [{s1} + {zero}*1]",
+            "tileloadd tmm1, [{s0} + {zero}*1 + 64]",
             "tileloadd tmm2, [{s0} + {zero}*1]",
-            "tileloadd tmm3, [{s1} + {zero}*1]",
+            "tileloadd tmm3, [{s0} + {zero}*1 + 64]",
             "2:",
             "tileloadd tmm4, [{a0} + {sa}*1]",
             "tileloadd tmm6, [{b0} + {sb}*1]",
@@ -72,12 +72,11 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
             "add {b1}, 1024",
             "dec {chunks}",
             "jnz 2b",
-            "tilestored [{c00} + {sc}*1], tmm0",
-            "tilestored [{c01} + {sc}*1], tmm1",
-            "tilestored [{c10} + {sc}*1], tmm2",
-            "tilestored [{c11} + {sc}*1], tmm3",
+            "tilestored [{c0} + {sc}*1], tmm0",
+            "tilestored [{c0} + {sc}*1 + 64], tmm1",
+            "tilestored [{c1} + {sc}*1], tmm2",
+            "tilestored [{c1} + {sc}*1 + 64], tmm3",
             s0 = in(reg) s0,
-            s1 = in(reg) s1,
             zero = in(reg) 0usize,
             a0 = inout(reg) a0 => _,
             a1 = inout(reg) a1 => _,
@@ -86,10 +85,8 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
             chunks = inout(reg) w.chunks => _,
             sa = in(reg) width * 2,
             sb = in(reg) 2 * 2 * TILE_N,
-            c00 = in(reg) c00,
-            c01 = in(reg) c01,
-            c10 = in(reg) c10,
-            c11 = in(reg) c11,
+            c0 = in(reg) c0,
+            c1 = in(reg) c1,
             sc = in(reg) ldc * 4,
             options(nostack),
         );

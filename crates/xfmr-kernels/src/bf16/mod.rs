@@ -1,11 +1,12 @@
 //! Matrix products with `bf16` factors and `f32` sums: `C = A·W (+ b)` where `A` is `f32`
 //! activations, rounded to `bf16` as they are read, and `W` a weight matrix packed once into
-//! `bf16` tiles ([`PackedBf16`]). Every product of two `bf16` values is exact in `f32` (8-bit
-//! mantissas); only the rounding of the factors (relative error ≤ 2⁻⁹ each) and the `f32`
-//! sums differ from an `f32` product, so
+//! `bf16` tiles ([`PackedBf16`]). Every product of two `bf16` values is exact in `f32` (8
+//! significant bits each); only the rounding of the factors (relative error ≤ 2⁻⁸ each: bf16's unit
+//! roundoff, so a product of two is within `2⁻⁷ + 2⁻¹⁶`) and the `f32` sums (which start from
+//! the bias: `k + 1` terms) differ from the exact product, so, per element,
 //!
 //! ```text
-//! |C − A·W| ≤ (2⁻⁸ + 2⁻¹⁶ + k·2⁻²⁴) · Σₗ |A_il|·|W_lj|      (per element; k = inner size)
+//! |C − A·W − b| ≤ (2⁻⁷ + 2⁻¹⁶ + (k+1)·2⁻²⁴) · (Σₗ |A_il|·|W_lj| + |b_j|)      (k = inner size)
 //! ```
 //!
 //! which the tests hold every level to. This is what PyTorch's
