@@ -385,6 +385,34 @@ impl FlexTensor {
             copy_2d_tiled(
                 &mut dst, src, offset, shape[0], shape[1], strides[0], strides[1],
             );
+        } else if all_positive {
+            // [xfmr patch] ND positive strides (a head-split view, an
+            // expanded mask): the outer dims walked as an odometer, the
+            // innermost copied as one run (a slice copy where its stride
+            // is 1) instead of one `StridedIter` step per element.
+            let rank = shape.len();
+            let (inner, inner_stride) = (shape[rank - 1], strides[rank - 1]);
+            let outer: usize = shape[..rank - 1].iter().product();
+            let mut index = vec![0usize; rank - 1];
+            let mut base = offset;
+            for _ in 0..outer {
+                if inner_stride == 1 {
+                    let start = base as usize;
+                    dst.extend_from_slice(&src[start..start + inner]);
+                } else {
+                    let at = |i: usize| src[(base + i as isize * inner_stride) as usize];
+                    dst.extend((0..inner).map(at));
+                }
+                for d in (0..rank - 1).rev() {
+                    index[d] += 1;
+                    base += strides[d];
+                    if index[d] < shape[d] {
+                        break;
+                    }
+                    base -= strides[d] * shape[d] as isize;
+                    index[d] = 0;
+                }
+            }
         } else {
             // General fallback: covers negative strides (flipped
             // tensors) and ND layouts that can't collapse to ≤2D.
