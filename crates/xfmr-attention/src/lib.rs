@@ -12,9 +12,12 @@
 //!   whose keys are all ignored yields a zero row, never NaN.
 //! - [`MultiHeadAttention`]: self- and cross-attention, grouped key/value heads, per-projection
 //!   bias switches, optional weights, PyTorch import ([`MultiHeadAttention::load_torch`]).
+//! - [`dropout()`]: burn's dropout, with a faster mask when training on flex: on the attention
+//!   weights here, and the blocks' and models' residual, feed-forward and embedding dropout.
 //! - [`MatmulPrecision`] and [`with_matmul_precision`]: `bf16` products permitted for the
 //!   projections ([`linear`], which every `Linear` of the xfmr crates goes through) where the
-//!   backend and CPU make them faster, as PyTorch's `set_float32_matmul_precision("medium")`.
+//!   backend and CPU make them faster, as PyTorch's `set_float32_matmul_precision("medium")`,
+//!   in inference and (under `Autodiff<Flex>`) training; [`project`] for other weights.
 //! - [`KvCache`]: self-attention keys/values kept across incremental decoding steps;
 //!   reorderable along the batch (beam search) and truncatable. [`ProjectedMemory`]: the encoder
 //!   memory projected once for a decoding step's cross-attention.
@@ -47,6 +50,7 @@
 #![warn(missing_docs)]
 
 mod cache;
+mod dropout;
 mod error;
 mod input;
 mod mask;
@@ -58,13 +62,14 @@ mod sdpa;
 mod torch;
 
 pub use cache::{KvCache, ProjectedMemory};
+pub use dropout::dropout;
 pub use error::{AttentionError, InvalidConfig};
 pub use input::MhaInput;
 pub use mask::AttnMask;
 pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
 pub use precision::{
-    linear, matmul_precision, takes_bf16_products, with_matmul_precision, MatmulPrecision,
+    linear, matmul_precision, project, takes_bf16_products, with_matmul_precision, MatmulPrecision,
 };
 pub use rotation::QkRotation;
 pub use sdpa::{

@@ -1,16 +1,19 @@
 //! What the matrix products of the layers' `Linear` projections may compute in: the
 //! [`MatmulPrecision`] a caller permits for what runs inside [`with_matmul_precision`], and
-//! [`linear`], the one call every projection of the xfmr crates goes through.
+//! [`linear`], the one call every projection of the xfmr crates goes through ([`project`]
+//! for a weight that is not a `Linear`'s, such as a tied embedding table's transpose).
 //!
 //! As PyTorch's `torch.set_float32_matmul_precision("medium")` and JAX's
 //! `default_matmul_precision`, the setting is a permission, not a format: the tensors stay
 //! `f32`, and a product may round its factors to `bf16` (summing in `f32`) where that is
 //! faster, which on xfmr's side is burn's `flex` backend on a CPU that multiplies `bf16` in
 //! hardware (AMX or AVX-512 BF16; [`takes_bf16_products`]). Elsewhere it is the `f32`
-//! product, as by default. Each element then differs from the exact product `x·W + b` by at
-//! most `(2⁻⁷ + 2⁻¹⁶ + (k+1)·2⁻²⁴) · (Σₗ |x_l|·|W_lj| + |b_j|)` (inner size `k`; bf16's unit
-//! roundoff is 2⁻⁸ per factor; the kernel's tests hold every CPU path to it), where the `f32`
-//! product's own error is within `(k+1)·2⁻²⁴` of the same sum.
+//! product, as by default. Under `Autodiff<Flex>` (training) the backward's products are
+//! `bf16` products too, while the parameters, their gradients and the optimiser's state stay
+//! `f32`, as under PyTorch's autocast. Each element then differs from the exact product
+//! `x·W + b` by at most `(2⁻⁷ + 2⁻¹⁶ + (k+1)·2⁻²⁴) · (Σₗ |x_l|·|W_lj| + |b_j|)` (inner size
+//! `k`; bf16's unit roundoff is 2⁻⁸ per factor; the kernel's tests hold every CPU path to it),
+//! where the `f32` product's own error is within `(k+1)·2⁻²⁴` of the same sum.
 //!
 //! The setting is the calling thread's and lasts for the closure (burn's CPU backends run a
 //! forward pass on the thread that calls it; their workers inherit nothing): a server can run
@@ -53,6 +56,16 @@ impl std::str::FromStr for MatmulPrecision {
     }
 }
 
+impl std::fmt::Display for MatmulPrecision {
+    /// `f32` or `bf16`, as [`FromStr`](std::str::FromStr) reads it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
 thread_local! {
     static PRECISION: Cell<MatmulPrecision> = const { Cell::new(MatmulPrecision::F32) };
 }
@@ -85,13 +98,16 @@ pub fn with_matmul_precision<R>(precision: MatmulPrecision, f: impl FnOnce() -> 
 }
 
 /// Whether [`MatmulPrecision::Bf16`] changes anything for tensors of backend `B`: `B` is
-/// burn's `Flex` (this crate built with its `flex` feature, f32 tensors) and the CPU
-/// multiplies `bf16` in hardware (AMX or AVX-512 BF16). `false` for every other backend,
-/// autodiff included (training keeps `f32` products).
+/// burn's `Flex` or `Autodiff<Flex>` (this crate built with its `flex` feature, f32 tensors)
+/// and the CPU multiplies `bf16` in hardware (AMX or AVX-512 BF16). Under `Autodiff<Flex>` the
+/// backward's products (`∂ℓ/∂x = G·Wᵀ`, `∂ℓ/∂W = xᵀ·G`) are `bf16` products too; the
+/// parameters, their gradients and the optimiser's state stay `f32`. `false` for every other
+/// backend.
 pub fn takes_bf16_products<B: Backend>() -> bool {
     #[cfg(feature = "flex")]
     {
-        xfmr_kernels::runs_on::<B>(burn::tensor::DType::F32)
+        let f32 = burn::tensor::DType::F32;
+        (xfmr_kernels::runs_on::<B>(f32) || xfmr_kernels::runs_on_autodiff::<B>(f32))
             && xfmr_kernels::cpu::has_bf16_products()
     }
     #[cfg(not(feature = "flex"))]
@@ -102,23 +118,59 @@ pub fn takes_bf16_products<B: Backend>() -> bool {
 
 /// `x·W + b` through `linear`, with the products the calling thread's [`matmul_precision`]
 /// permits: `linear.forward(x)` unless the precision is [`MatmulPrecision::Bf16`] and
-/// [`takes_bf16_products`] holds for `B`, then xfmr's `bf16` kernel (weights packed per call,
-/// `f32` sums). Every projection of attention, the feed-forward blocks and the models' heads
-/// goes through it.
+/// [`takes_bf16_products`] holds for `B`, then [`project`]'s `bf16` kernel. Every projection of
+/// attention, the feed-forward blocks and the models' heads goes through it.
 ///
 /// # Shapes
 /// - `x`: `[..., d_in]`; output: `[..., d_out]`
 pub fn linear<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
-    #[cfg(feature = "flex")]
     if matmul_precision() == MatmulPrecision::Bf16
         && x.dtype() == burn::tensor::DType::F32
         && takes_bf16_products::<B>()
     {
-        return xfmr_kernels::linear_bf16(
+        return project(
             x,
             linear.weight.val(),
             linear.bias.as_ref().map(|b| b.val()),
         );
     }
     linear.forward(x)
+}
+
+/// `x·W + b` for any weight tensor (a tied embedding table's transpose, say), with the
+/// products the calling thread's [`matmul_precision`] permits: xfmr's `bf16` kernel where it
+/// is [`MatmulPrecision::Bf16`] and [`takes_bf16_products`] holds for `B` (weights packed per
+/// call, `f32` sums; under `Autodiff<Flex>` one operation of the graph whose backward's
+/// products are `bf16` too), burn's `x.matmul(W) + b` otherwise.
+///
+/// # Shapes
+/// - `x`: `[..., d_in]`
+/// - `weight`: `[d_in, d_out]` (any layout: a transposed view is read in place); `bias`:
+///   `[d_out]`
+/// - output: `[..., d_out]`
+pub fn project<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+) -> Tensor<B, D> {
+    #[cfg(feature = "flex")]
+    if matmul_precision() == MatmulPrecision::Bf16
+        && x.dtype() == burn::tensor::DType::F32
+        && takes_bf16_products::<B>()
+    {
+        return if xfmr_kernels::runs_on::<B>(x.dtype()) {
+            xfmr_kernels::linear_bf16(x, weight, bias)
+        } else {
+            xfmr_kernels::linear_bf16_autodiff(x, weight, bias)
+        };
+    }
+    if D == 1 {
+        // `matmul` wants a matrix: `[d_in]` as one row.
+        return project(x.unsqueeze::<2>(), weight, bias).squeeze_dim(0);
+    }
+    let out = x.matmul(weight.unsqueeze());
+    match bias {
+        Some(bias) => out + bias.unsqueeze(),
+        None => out,
+    }
 }

@@ -309,7 +309,7 @@ fn reference_unchecked<B: Backend>(
         .lower_equal_elem(f32::MIN)
         .expand(shape);
     let weights = softmax(scores.mask_fill(empty.clone(), 0.0), 3).mask_fill(empty, 0.0);
-    let weights = DropoutConfig::new(options.dropout).init().forward(weights);
+    let weights = crate::dropout(&DropoutConfig::new(options.dropout).init(), weights);
     AttentionOutput {
         context: weights.clone().matmul(value),
         weights: Some(weights),

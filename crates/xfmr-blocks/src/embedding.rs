@@ -70,7 +70,8 @@ impl<B: Backend> TokenEmbedding<B> {
         rows.reshape([batch, seq, d_model]).mul_scalar(self.scale)
     }
 
-    /// Tied output projection: `x Eᵀ` (no scale).
+    /// Tied output projection: `x Eᵀ` (no scale); for more than 16 rows with the products the
+    /// calling thread's matmul precision permits ([`xfmr_attention::project`]).
     ///
     /// # Shapes
     /// - `x`: `[batch, seq, d_model]`
@@ -86,7 +87,8 @@ impl<B: Backend> TokenEmbedding<B> {
             // many (the crossover is measured in docs/benchmarks.md).
             self.weight.val().matmul(x.transpose()).transpose()
         } else {
-            x.matmul(self.weight.val().transpose())
+            // `x Eᵀ` with the products the thread's matmul precision permits.
+            xfmr_attention::project(x, self.weight.val().transpose(), None)
         };
         logits.reshape([batch, seq, vocab])
     }

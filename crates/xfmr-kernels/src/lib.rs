@@ -33,7 +33,9 @@
 //! block of query rows), `attention_autodiff` (the same as one operation of `Autodiff<Flex>`'s
 //! graph, with a backward kernel of its own), `gelu` (exact GELU) and `gelu_autodiff` (the same
 //! as one operation of the graph), `smoothed_cross_entropy` (the training loss, one operation
-//! of the graph under autodiff) and `norm` (LayerNorm and RMSNorm) and `norm_autodiff` (the
+//! of the graph under autodiff), `linear_bf16` (`x·W + b` with `bf16` products) and
+//! `linear_bf16_autodiff` (the same as one operation of the graph, its backward's products in
+//! `bf16` too) and `norm` (LayerNorm and RMSNorm) and `norm_autodiff` (the
 //! same as one operation of the graph) over the host kernels above, and the checks
 //! generic code asks first: `runs_on::<B>(dtype)` (`Flex` itself, f32) and
 //! `runs_on_autodiff::<B>(dtype)` (`Autodiff<Flex>`, f32). Callers take burn's generic path
@@ -75,8 +77,8 @@ pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
 pub use flex::{
-    attention, attention_autodiff, gelu, gelu_autodiff, linear_bf16, norm, norm_autodiff, runs_on,
-    runs_on_autodiff, smoothed_cross_entropy, SmoothedCrossEntropy,
+    attention, attention_autodiff, gelu, gelu_autodiff, linear_bf16, linear_bf16_autodiff, norm,
+    norm_autodiff, runs_on, runs_on_autodiff, smoothed_cross_entropy, SmoothedCrossEntropy,
 };
 pub use gelu::{gelu_backward_in_place, gelu_in_place};
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -32,6 +32,29 @@ pub(super) unsafe fn convert(src: &[f32], dst: &mut [u16]) {
     }
 }
 
+/// One row of a packed tile: `dst[2j] = to_bf16(lo[j])` and `dst[2j + 1] = to_bf16(hi[j])`
+/// for the 16 columns `j`, an element past a slice's end as zero (inputs below `f32`'s normal
+/// range read as zero, as in [`convert`]).
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 BF16.
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub(super) unsafe fn pair_row(lo: &[f32], hi: &[f32], dst: &mut [u16; 2 * TILE_N]) {
+    // Masked loads read only the slices' own elements (at most 16 each).
+    let mask = |len: usize| ((1u32 << len.min(TILE_N)) - 1) as u16;
+    let lo = _mm512_maskz_loadu_ps(mask(lo.len()), lo.as_ptr());
+    let hi = _mm512_maskz_loadu_ps(mask(hi.len()), hi.as_ptr());
+    let lo: __m256i = transmute(_mm512_cvtneps_pbh(lo));
+    let hi: __m256i = transmute(_mm512_cvtneps_pbh(hi));
+    // Each 32-bit lane the pair (lo, hi): lo in its low half, as the layout reads it.
+    let pairs = _mm512_or_si512(
+        _mm512_cvtepu16_epi32(lo),
+        _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hi)),
+    );
+    _mm512_storeu_si512(dst.as_mut_ptr().cast(), pairs);
+}
+
 /// One task's block of sums (`super::block_on`): the block's `rows` rows into `c` (row `r`
 /// at `c[r·ldc..]`), started from the block's `start`.
 ///

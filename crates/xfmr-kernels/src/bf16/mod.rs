@@ -112,8 +112,15 @@ impl<'a> Strided<'a> {
         }
     }
 
-    fn get(&self, i: usize, j: usize) -> f32 {
+    /// Element `(i, j)`.
+    pub(crate) fn get(&self, i: usize, j: usize) -> f32 {
         self.data[self.offset + i * self.row_stride + j * self.col_stride]
+    }
+
+    /// Columns `j0..j0 + len` of row `i` as a slice, where its elements are adjacent.
+    pub(crate) fn row_part(&self, i: usize, j0: usize, len: usize) -> Option<&'a [f32]> {
+        let start = self.offset + i * self.row_stride + j0;
+        (self.col_stride == 1).then(|| &self.data[start..start + len])
     }
 
     /// Row `i` as a slice, where its elements are adjacent.
@@ -184,6 +191,18 @@ impl PackedBf16 {
                             let (c, r, p) = (l / CHUNK_K, (l % CHUNK_K) / 2, l % 2);
                             tile[c * TILE + r * 2 * TILE_N + 2 * col + p] = h;
                         }
+                    }
+                } else if w.col_stride == 1 {
+                    // Rows adjacent in memory (burn's `[in, out]`): each row of a tile, the
+                    // pairs of two rows' 16 columns, in one step.
+                    let row = |l: usize| match l < k && cols > 0 {
+                        true => &w.data[w.offset + l * w.row_stride + t * TILE_N..][..cols],
+                        false => &[][..],
+                    };
+                    for (pair, dst) in tile.chunks_exact_mut(2 * TILE_N).enumerate() {
+                        let l = 2 * pair;
+                        let dst = dst.try_into().expect("rows of 32");
+                        pair_row(level, row(l), row(l + 1), dst);
                     }
                 } else {
                     for l in 0..k {
@@ -354,6 +373,25 @@ fn convert_row(level: Bf16Level, a: &Strided<'_>, i: usize, dst: &mut [u16]) {
         (_, None) => {
             for (j, d) in dst.iter_mut().enumerate() {
                 *d = to_bf16(a.get(i, j));
+            }
+        }
+    }
+}
+
+/// One row of a packed tile on `level`: `dst[2j] = to_bf16(lo[j])`, `dst[2j + 1] =
+/// to_bf16(hi[j])` for the 16 columns `j`, zeros past a slice's end (each at most 16 long).
+#[allow(unsafe_code)]
+fn pair_row(level: Bf16Level, lo: &[f32], hi: &[f32], dst: &mut [u16; 2 * TILE_N]) {
+    level.assert_available();
+    match level {
+        // SAFETY: the level is available (asserted above) and both include AVX-512F and
+        // AVX-512 BF16 (`Bf16Level::supported_by`).
+        #[cfg(target_arch = "x86_64")]
+        Bf16Level::Amx | Bf16Level::Avx512Bf16 => unsafe { avx512::pair_row(lo, hi, dst) },
+        _ => {
+            for (j, pair) in dst.chunks_exact_mut(2).enumerate() {
+                pair[0] = lo.get(j).map_or(0, |&x| to_bf16(x));
+                pair[1] = hi.get(j).map_or(0, |&x| to_bf16(x));
             }
         }
     }

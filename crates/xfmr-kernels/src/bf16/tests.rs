@@ -96,37 +96,69 @@ fn bf16_rounding_is_to_nearest_even() {
 }
 
 /// Packing is the documented layout: element `(l, j)` of `W` is at tile `j / 16`, chunk
-/// `l / 32`, row `(l % 32) / 2`, position `2·(j % 16) + l % 2`; the padding is zero.
+/// `l / 32`, row `(l % 32) / 2`, position `2·(j % 16) + l % 2`; the padding is zero. On every
+/// level this CPU has, from each layout the packer reads its own way: rows adjacent (two rows'
+/// 16 columns per tile row), columns adjacent (a transposed view, one column at a time) and
+/// neither (element by element).
 #[test]
 fn bf16_packing_follows_the_layout() {
     let (k, n) = (45, 37);
     let w = values(k * n, 3);
-    let packed = PackedBf16::pack(&w, k, n);
-    assert_eq!(
-        (packed.k(), packed.n(), packed.chunks, packed.tiles),
-        (k, n, 2, 4)
-    );
-    let mut seen = 0;
-    for t in 0..packed.tiles {
-        for c in 0..packed.chunks {
-            let tile = packed.tile(t, c);
-            for r in 0..CHUNK_K / 2 {
-                for col in 0..TILE_N {
-                    for p in 0..2 {
-                        let (l, j) = (c * CHUNK_K + 2 * r + p, t * TILE_N + col);
-                        let got = tile[r * 2 * TILE_N + 2 * col + p];
-                        if l < k && j < n {
-                            assert_eq!(got, to_bf16(w[l * n + j]), "({l}, {j})");
-                            seen += 1;
-                        } else {
-                            assert_eq!(got, 0, "padding at ({l}, {j})");
+    let wt: Vec<f32> = (0..n * k).map(|i| w[(i % k) * n + i / k]).collect();
+    let spread: Vec<f32> = w.iter().flat_map(|&x| [x, f32::NAN]).collect();
+    let views = [
+        ("rows adjacent", Strided::row_major(&w, k, n)),
+        (
+            "transposed",
+            Strided {
+                row_stride: 1,
+                col_stride: k,
+                ..Strided::row_major(&wt, k, n)
+            },
+        ),
+        (
+            "strided",
+            Strided {
+                data: &spread,
+                offset: 0,
+                rows: k,
+                cols: n,
+                row_stride: 2 * n,
+                col_stride: 2,
+            },
+        ),
+    ];
+    for level in levels() {
+        for (name, view) in views {
+            let packed = PackedBf16::pack_strided_on(level, view);
+            assert_eq!(
+                (packed.k(), packed.n(), packed.chunks, packed.tiles),
+                (k, n, 2, 4)
+            );
+            let mut seen = 0;
+            for t in 0..packed.tiles {
+                for c in 0..packed.chunks {
+                    let tile = packed.tile(t, c);
+                    for r in 0..CHUNK_K / 2 {
+                        for col in 0..TILE_N {
+                            for p in 0..2 {
+                                let (l, j) = (c * CHUNK_K + 2 * r + p, t * TILE_N + col);
+                                let got = tile[r * 2 * TILE_N + 2 * col + p];
+                                if l < k && j < n {
+                                    let want = to_bf16(w[l * n + j]);
+                                    assert_eq!(got, want, "{level:?} {name} ({l}, {j})");
+                                    seen += 1;
+                                } else {
+                                    assert_eq!(got, 0, "{level:?} {name}: padding ({l}, {j})");
+                                }
+                            }
                         }
                     }
                 }
             }
+            assert_eq!(seen, k * n);
         }
     }
-    assert_eq!(seen, k * n);
 }
 
 /// `matmul_bf16_on` on every level this CPU has (the test fails unless each one ran; CI checks

@@ -66,7 +66,7 @@ pub fn linear_bf16<B: Backend, const D: usize>(
 
 /// `t` itself where its elements form a matrix `[rows, cols]` with one stride per axis (its
 /// leading dimensions merge into the rows; no negative stride), else a contiguous copy.
-fn matrix_view(t: FlexTensor) -> FlexTensor {
+pub(super) fn matrix_view(t: FlexTensor) -> FlexTensor {
     let layout = t.layout();
     let dims = layout.shape().to_vec();
     let strides = layout.strides();
@@ -88,7 +88,7 @@ fn matrix_view(t: FlexTensor) -> FlexTensor {
 }
 
 /// `t` (checked by [`matrix_view`]) as a `[rows, cols]` view of its storage.
-fn strided(t: &FlexTensor, rows: usize, cols: usize) -> Strided<'_> {
+pub(super) fn strided(t: &FlexTensor, rows: usize, cols: usize) -> Strided<'_> {
     let layout = t.layout();
     let strides = layout.strides();
     let d = strides.len();

@@ -1,6 +1,7 @@
 //! The training configuration.
 
 use burn::config::Config;
+use xfmr_attention::MatmulPrecision;
 use xfmr_models::ladder::LengthLadder;
 
 use super::TrainError;
@@ -76,6 +77,16 @@ pub struct TrainConfig {
     /// Checkpoints averaged into the final model (paper §6.1: the last 5).
     #[config(default = 5)]
     pub average: usize,
+    /// What the training step's matrix products may compute in
+    /// ([`xfmr_attention::with_matmul_precision`]); `None` is [`MatmulPrecision::F32`].
+    /// [`MatmulPrecision::Bf16`] rounds the factors of every projection's product (forward, and
+    /// under `Autodiff<Flex>` the backward's two) to `bf16` and sums in `f32` where the backend
+    /// is flex and the CPU has AMX or AVX-512 BF16; the parameters, gradients and Adam's moments
+    /// stay `f32`. Validation and the final evaluation run in `f32`. Part of the recipe (it
+    /// changes the arithmetic of every step): a resumed run keeps its checkpoint's, and a
+    /// configuration written before this field existed reads as `None`.
+    #[config(default = "None")]
+    pub matmul_precision: Option<MatmulPrecision>,
 }
 
 /// How the learning rate falls after warm-up (see [`TrainConfig::decay`]).
@@ -98,6 +109,12 @@ pub enum Decay {
 }
 
 impl TrainConfig {
+    /// The training step's matmul precision: [`TrainConfig::matmul_precision`], `f32` where
+    /// it is `None`.
+    pub fn precision(&self) -> MatmulPrecision {
+        self.matmul_precision.unwrap_or_default()
+    }
+
     /// This configuration with the run options (budget and cadence, see the type's docs) of
     /// `other`.
     pub fn with_run_options_of(self, other: &TrainConfig) -> Self {

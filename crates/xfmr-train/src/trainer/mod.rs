@@ -458,9 +458,10 @@ where
             let model = self.model();
             let batch: Vec<&O::Example> = rows.iter().map(|&i| &self.examples[i]).collect();
             let draws = draws(&rows, self.config.seed);
-            let out = self
-                .objective
-                .loss(model, &batch, &draws, shape, &self.device)?;
+            let out = xfmr_attention::with_matmul_precision(self.config.precision(), || {
+                self.objective
+                    .loss(model, &batch, &draws, shape, &self.device)
+            })?;
             input_tokens += out.input_tokens as f64 * scale;
             let weight = scale * out.loss.tokens as f64 / total.max(1) as f64;
             let weighted = out.loss.loss.mul_scalar(weight);

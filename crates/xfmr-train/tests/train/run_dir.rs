@@ -123,8 +123,9 @@ fn spec_and_vocabulary_round_trip() {
 }
 
 /// The keys of a `train-config.json`'s training configuration, pinned: a key renamed or
-/// removed breaks every run directory written before. `ladder` came last (issue 41): a
-/// file without it (written before) still loads, with no ladder, and one with it keeps it.
+/// removed breaks every run directory written before. `ladder` (issue 41) and
+/// `matmul_precision` (issue 44) came last: a file without them (written before) still loads,
+/// with no ladder and `f32` products, and one with them keeps them.
 #[test]
 fn train_config_keys_are_pinned_and_old_files_load() {
     let config = Preset::Tiny.train_config(Task::Lm);
@@ -150,6 +151,7 @@ fn train_config_keys_are_pinned_and_old_files_load() {
             "keep_checkpoints",
             "ladder",
             "lr_factor",
+            "matmul_precision",
             "max_tokens",
             "minutes",
             "seed",
@@ -159,8 +161,20 @@ fn train_config_keys_are_pinned_and_old_files_load() {
     );
     let mut old = json.clone();
     old.as_object_mut().unwrap().remove("ladder");
+    old.as_object_mut().unwrap().remove("matmul_precision");
     let read: xfmr_train::TrainConfig = serde_json::from_value(old).unwrap();
     assert_eq!(read.ladder, None);
+    assert_eq!(read.matmul_precision, None);
+    let bf16 = config
+        .clone()
+        .with_matmul_precision(Some(xfmr_attention::MatmulPrecision::Bf16));
+    let text = serde_json::to_string(&bf16).unwrap();
+    assert!(text.contains(r#""matmul_precision":"bf16""#), "{text}");
+    let read: xfmr_train::TrainConfig = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        read.matmul_precision,
+        Some(xfmr_attention::MatmulPrecision::Bf16)
+    );
     let on = config.with_ladder(Some(LengthLadder::new(8)));
     let text = serde_json::to_string(&on).unwrap();
     assert!(text.contains(r#""ladder":{"min_len":8}"#), "{text}");
@@ -169,10 +183,15 @@ fn train_config_keys_are_pinned_and_old_files_load() {
     // A whole run specification of before, as a run directory holds it.
     let mut spec = serde_json::json!({"task": "lm", "train": json});
     spec["train"].as_object_mut().unwrap().remove("ladder");
+    spec["train"]
+        .as_object_mut()
+        .unwrap()
+        .remove("matmul_precision");
     let objective = xfmr_train::CausalLm::new(xfmr_models::DecoderOnlyConfig::tiny(40), 1, 2);
     spec["objective"] = serde_json::to_value(objective).unwrap();
     let spec: RunSpec = serde_json::from_value(spec).unwrap();
     assert_eq!(spec.train_config().ladder, None);
+    assert_eq!(spec.train_config().matmul_precision, None);
 }
 
 /// The dropout default: the preset model's, except none for the `cpu` translation run.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
+use xfmr::attention::MatmulPrecision;
 use xfmr::models::ladder::LengthLadder;
 use xfmr_train::spec::DEFAULT_VOCAB_SIZE;
 use xfmr_train::{Preset, RunSpec, Task, TrainConfig};
@@ -37,7 +38,8 @@ pub struct Args {
     /// A run's `train-config.json` (task, objective, training configuration) instead of
     /// --task, --preset, --dropout and the training flags (--steps, --minutes, --max-tokens,
     /// --accumulate, --warmup, --lr-factor, --decay, --seed, --checkpoint-every, --eval-every,
-    /// --average); its vocabulary size is set from the tokenizer. The other flags still apply.
+    /// --average, --precision); its vocabulary size is set from the tokenizer. The other flags
+    /// still apply.
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// BPE vocabulary size (shared by source and target). Default: 8,000 for the `cpu`
@@ -125,6 +127,13 @@ pub struct Args {
     /// flag.
     #[arg(long, value_enum, default_value_t = LadderArg::Auto)]
     pub length_ladder: LadderArg,
+    /// What the training step's matrix products may compute in: `f32`, or `bf16` (every
+    /// projection's factors rounded to bf16 and summed in f32, forward and backward; the
+    /// parameters, gradients and Adam's moments stay f32): faster on the flex backend of a CPU
+    /// with AMX or AVX-512 BF16, f32 products elsewhere. Validation and the test evaluation run
+    /// in f32. Part of the recipe: a resumed run keeps its checkpoint's.
+    #[arg(long, default_value = "f32")]
+    pub precision: MatmulPrecision,
     /// Metrics file format.
     #[arg(long, value_enum, default_value_t = Format::Jsonl)]
     pub metrics: Format,
@@ -277,7 +286,8 @@ impl Args {
             .with_eval_every(self.eval_every)
             .with_checkpoint_every(self.checkpoint_every)
             .with_keep_checkpoints(self.average.max(1))
-            .with_average(self.average.max(1)))
+            .with_average(self.average.max(1))
+            .with_matmul_precision(Some(self.precision)))
     }
 
     /// The run's specification over `tokenizer`'s vocabulary: `--config`'s, else the task's

@@ -90,6 +90,16 @@ impl Session<'_> {
             xfmr_train::open_replicas::<B, O>(out, &objective, &config, &examples, &local.devices)?;
         let first = &trainers[0];
         let start = first.progress().step;
+        // The products of the run's own recipe (a resumed run's checkpoint, or --config's).
+        let precision = first.config().precision();
+        if precision != args.precision {
+            eprintln!(
+                "training with {precision} products, as the run's configuration says (not \
+                 --precision {})",
+                args.precision
+            );
+        }
+        crate::pretrained::precision_for::<B>(precision, "--precision");
         if start > 0 {
             let dir = run.latest_checkpoint()?.unwrap_or_default();
             eprintln!(

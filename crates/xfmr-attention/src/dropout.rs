@@ -6,10 +6,10 @@ use burn::tensor::Tensor;
 
 /// Dropout (paper §5.4): during training (an autodiff backend) each element of `x` is zeroed
 /// with probability `p = dropout.prob` and the others scaled by `1/(1 − p)`; elsewhere, or at
-/// `p = 0`, `x` itself. The same operation as burn's [`Dropout::forward`]; xfmr's blocks and
-/// models apply their residual, feed-forward and embedding dropout through this function
-/// (dropout on attention weights, and the positional encodings' own in `xfmr-position`, keep
-/// burn's).
+/// `p = 0`, `x` itself. The same operation as burn's [`Dropout::forward`]; xfmr's attention
+/// (on its weights, in the reference path), blocks and models apply their dropout through this
+/// function (the positional encodings' own in `xfmr-position` keeps burn's). Re-exported as
+/// `xfmr_blocks::dropout`.
 ///
 /// Under `Autodiff<Flex>` (training on the CPU, with this crate's `flex` feature) the mask comes
 /// from `xfmr_kernels::dropout_mask` instead of burn's generator (a counter-based hash filled
