@@ -22,9 +22,11 @@ impl Drop for Serving {
 /// Three bursts of 48 concurrent chats of 1 MB each (far over the tiny model's 4096-token
 /// context: each is refused, 400) against the `xfmr` binary serving the tiny GGUF model: each
 /// burst's peak (the kernel's high-water mark reset before it) stays under twice the resident
-/// memory before it, and 1.5 s after the third
-/// burst the server has given back at least half of what the bursts added (issue 43: memory
-/// returned after a burst, within a stated margin).
+/// memory before it, and 3 s after the third burst the server has given back at least half of
+/// what the bursts added (issue 43: memory returned after a burst, within a stated margin).
+/// 3 s: the server's blocking threads give their memory back as they stop, 1 s after their
+/// last task; 1.5 s (0.5 s of margin) kept over half in 2 of 3 runs of the debug binary on
+/// the Intel Xeon kind (2026-12-04, 40 MiB against 30 idle; 5 of 5 passed at 3 s).
 ///
 /// Why half, and not issue 43's 10 % of idle: this server idles at ~30 MiB, and a burst adds
 /// only ~20 MiB (admission keeps 4 MiB of bodies in flight), so what mimalloc keeps cached
@@ -74,7 +76,7 @@ fn serve_binary_returns_a_bursts_memory() {
         assert_eq!(post(addr, "/v1/chat/completions", &chat).status, 200);
     }
     std::thread::sleep(Duration::from_millis(500));
-    let settle = Duration::from_millis(1500);
+    let settle = Duration::from_millis(3000);
     let (idle_before, _) = memory_of(server.0.id());
     let mut highest = 0;
     let mut settled = 0;
@@ -90,9 +92,10 @@ fn serve_binary_returns_a_bursts_memory() {
         let BurstMemory { idle, peak, after } = memory;
         eprintln!(
             "xfmr serve, burst {round} of 48 x 1 MB chats: before {} MiB, peak {} MiB, \
-             1.5 s after {} MiB",
+             {:.1} s after {} MiB",
             idle / MIB,
             peak / MIB,
+            settle.as_secs_f64(),
             after / MIB
         );
         assert!(
