@@ -70,6 +70,7 @@ pub use mha::{MhaOutput, MultiHeadAttention, MultiHeadAttentionConfig};
 pub use options::{AttentionKernel, AttentionOptions, AttentionOutput};
 pub use precision::{
     linear, matmul_precision, project, takes_bf16_products, with_matmul_precision, MatmulPrecision,
+    BF16_MIN_ROWS,
 };
 pub use rotation::QkRotation;
 pub use sdpa::{

@@ -14,6 +14,8 @@
 //! `x·W + b` by at most `(2⁻⁷ + 2⁻¹⁶ + (k+1)·2⁻²⁴) · (Σₗ |x_l|·|W_lj| + |b_j|)` (inner size
 //! `k`; bf16's unit roundoff is 2⁻⁸ per factor; the kernel's tests hold every CPU path to it),
 //! where the `f32` product's own error is within `(k+1)·2⁻²⁴` of the same sum.
+//! Outside autodiff a product of fewer than [`BF16_MIN_ROWS`] rows stays `f32` (the `bf16`
+//! kernel packs the weights on every call, which a few rows cannot repay).
 //!
 //! The setting is the calling thread's and lasts for the closure (burn's CPU backends run a
 //! forward pass on the thread that calls it; their workers inherit nothing): a server can run
@@ -116,18 +118,35 @@ pub fn takes_bf16_products<B: Backend>() -> bool {
     }
 }
 
+/// Whether [`project`] takes xfmr's `bf16` kernel for `x` now: [`MatmulPrecision::Bf16`]
+/// permitted, `f32` values, [`takes_bf16_products`] for `B`, and under autodiff always,
+/// outside it from [`BF16_MIN_ROWS`] rows on.
+fn takes_kernel<B: Backend, const D: usize>(x: &Tensor<B, D>) -> bool {
+    #[cfg(feature = "flex")]
+    {
+        let rows = || x.dims()[..D - 1].iter().product::<usize>();
+        matmul_precision() == MatmulPrecision::Bf16
+            && x.dtype() == burn::tensor::DType::F32
+            && takes_bf16_products::<B>()
+            && (!xfmr_kernels::runs_on::<B>(x.dtype()) || rows() >= BF16_MIN_ROWS)
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        let _ = x;
+        false
+    }
+}
+
 /// `x·W + b` through `linear`, with the products the calling thread's [`matmul_precision`]
 /// permits: `linear.forward(x)` unless the precision is [`MatmulPrecision::Bf16`] and
-/// [`takes_bf16_products`] holds for `B`, then [`project`]'s `bf16` kernel. Every projection of
+/// [`takes_bf16_products`] holds for `B`, then [`project`] (its `bf16` kernel from
+/// [`BF16_MIN_ROWS`] rows on, outside autodiff). Every projection of
 /// attention, the feed-forward blocks and the models' heads goes through it.
 ///
 /// # Shapes
 /// - `x`: `[..., d_in]`; output: `[..., d_out]`
 pub fn linear<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -> Tensor<B, D> {
-    if matmul_precision() == MatmulPrecision::Bf16
-        && x.dtype() == burn::tensor::DType::F32
-        && takes_bf16_products::<B>()
-    {
+    if takes_kernel(&x) {
         return project(
             x,
             linear.weight.val(),
@@ -137,11 +156,23 @@ pub fn linear<B: Backend, const D: usize>(linear: &Linear<B>, x: Tensor<B, D>) -
     linear.forward(x)
 }
 
+/// The fewest rows of `x` (all its dimensions but the last, multiplied) for which
+/// [`project`] outside autodiff takes the `bf16` kernel: the kernel packs the weights into
+/// `bf16` pairs on every call, which costs about as much as an `f32` product of ~128 rows, so
+/// fewer rows (decoding's one row per sequence and step, a short sentence) keep burn's `f32`
+/// product, never slower than `MatmulPrecision::F32`. Measured on the Intel Xeon kind (AMX;
+/// 2 threads, 2026-12-04, `docs/benchmarks.md`), the `f32` call's time over the `bf16` one's:
+/// 0.09–0.33 at 1 row (a `[512, 37,000]` projection 6.5 ms against 25), 0.60–1.35 at 128
+/// rows, 0.97–2.33 at 256, 1.39–3.47 at 1,024. Training's products (thousands of rows) are
+/// not gated.
+pub const BF16_MIN_ROWS: usize = 128;
+
 /// `x·W + b` for any weight tensor (a tied embedding table's transpose, say), with the
 /// products the calling thread's [`matmul_precision`] permits: xfmr's `bf16` kernel where it
 /// is [`MatmulPrecision::Bf16`] and [`takes_bf16_products`] holds for `B` (weights packed per
 /// call, `f32` sums; under `Autodiff<Flex>` one operation of the graph whose backward's
-/// products are `bf16` too), burn's `x.matmul(W) + b` otherwise.
+/// products are `bf16` too) and, outside autodiff, `x` has at least [`BF16_MIN_ROWS`] rows;
+/// burn's `x.matmul(W) + b` otherwise.
 ///
 /// # Shapes
 /// - `x`: `[..., d_in]`
@@ -154,10 +185,7 @@ pub fn project<B: Backend, const D: usize>(
     bias: Option<Tensor<B, 1>>,
 ) -> Tensor<B, D> {
     #[cfg(feature = "flex")]
-    if matmul_precision() == MatmulPrecision::Bf16
-        && x.dtype() == burn::tensor::DType::F32
-        && takes_bf16_products::<B>()
-    {
+    if takes_kernel(&x) {
         return if xfmr_kernels::runs_on::<B>(x.dtype()) {
             xfmr_kernels::linear_bf16(x, weight, bias)
         } else {

@@ -164,14 +164,17 @@ fn minilm_matches_transformers_on_wgpu() {
 }
 
 /// MiniLM with `bf16` products permitted (`MatmulPrecision::Bf16`, as `xfmr embed --precision
-/// bf16`) on flex: each sentence's embedding, alone and in `embed`'s sorted batches, within
-/// cosine 0.999 of transformers' `f32` embedding (the requirement: a cosine-similarity ranking
-/// moves by at most 1e-3; each factor rounded to `bf16` is within 2⁻⁸ of itself). Where the CPU
-/// has no `bf16` products the setting changes nothing and the `f32` tolerance holds anyway.
+/// bf16`) on flex: each sentence's embedding, alone and in `embed`'s sorted batches (fewer
+/// than `BF16_MIN_ROWS` token rows: `f32` products), and in one batch of the sentences
+/// repeated to well over `BF16_MIN_ROWS` rows (the `bf16` kernel, shown to have run by a
+/// difference from the same batch in `f32`), within cosine 0.999 of transformers' `f32`
+/// embedding (the requirement: a cosine-similarity ranking moves by at most 1e-3; each factor
+/// rounded to `bf16` is within 2⁻⁸ of itself). Where the CPU has no `bf16` products the
+/// setting changes nothing and the `f32` tolerance holds anyway.
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-sentence -- --ignored`"]
 fn minilm_bf16_embeddings_match_transformers_on_flex() {
-    use xfmr_attention::{takes_bf16_products, MatmulPrecision};
+    use xfmr_attention::{takes_bf16_products, MatmulPrecision, BF16_MIN_ROWS};
 
     let mut encoder = SentenceEncoder::<Flex>::from_dir(&model_dir(), &Default::default()).unwrap();
     encoder.precision = MatmulPrecision::Bf16;
@@ -194,6 +197,29 @@ fn minilm_bf16_embeddings_match_transformers_on_flex() {
             assert!(cos >= 0.999, "bf16: sentence {k} ({what}) cosine {cos}");
         }
     }
+    // The sentences 16 times over in one batch: [48, longest] token rows, past the threshold.
+    let many: Vec<Vec<u32>> = (0..16).flat_map(|_| ids.iter().cloned()).collect();
+    let batch = encoder.batch(&many).unwrap();
+    let [sequences, length] = batch.ids.dims();
+    assert!(
+        sequences * length >= BF16_MIN_ROWS,
+        "{sequences} × {length} rows"
+    );
+    let fast = to_vec(&encoder.embed_batch(&batch).unwrap());
+    encoder.precision = MatmulPrecision::F32;
+    let exact = to_vec(&encoder.embed_batch(&batch).unwrap());
+    let width = fast.len() / sequences;
+    for (i, got) in fast.chunks_exact(width).enumerate() {
+        let k = i % ids.len();
+        let cos = cosine_f64(got, &fixture.host(&format!("embedding.{k}")).values);
+        worst = worst.min(cos);
+        assert!(cos >= 0.999, "bf16: sentence {k} (copy {i}) cosine {cos}");
+    }
+    assert_eq!(
+        fast != exact,
+        takes_bf16_products::<Flex>(),
+        "the bf16 kernel ran exactly where the CPU has bf16 products"
+    );
     eprintln!(
         "bf16 products taken: {}; worst embedding cosine to transformers {worst:.6}",
         takes_bf16_products::<Flex>()

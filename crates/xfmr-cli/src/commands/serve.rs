@@ -36,8 +36,9 @@ pub struct Args {
     #[arg(long)]
     embeddings: Option<String>,
     /// What the sentence encoder's products may compute in: `f32`, or `bf16` (bf16 factors,
-    /// f32 sums, on the flex backend of a CPU with AMX or AVX-512 BF16: 2.1x the sentences/s
-    /// with AMX on an Intel Xeon, embeddings within cosine 0.999 of f32; f32 elsewhere).
+    /// f32 sums, on the flex backend of a CPU with AMX or AVX-512 BF16, for batches of at
+    /// least 128 token rows: 2.1x the sentences/s with AMX on an Intel Xeon on 1,000
+    /// sentences, embeddings within cosine 0.999 of f32; f32 elsewhere).
     #[arg(long, default_value = "f32")]
     embeddings_precision: MatmulPrecision,
     /// A translation run of `xfmr train`. Served under the directory's name; its beam search

@@ -102,7 +102,8 @@ pub(crate) fn minilm() -> std::path::PathBuf {
 /// `xfmr similarity` ranks a paraphrase above an unrelated sentence; `xfmr embed --json` writes
 /// 384-dimensional unit vectors, one per input line of `--file`; with `--backend flex
 /// --precision bf16` the same vectors within cosine 0.999 (bf16 products where the CPU has
-/// them); an unknown precision is refused, naming the two.
+/// them, for batches of at least `BF16_MIN_ROWS` token rows: forty lines here); an unknown
+/// precision is refused, naming the two.
 #[test]
 #[ignore = "needs all-MiniLM-L6-v2: `cargo run -p xfmr-cli -- fetch-model minilm`, then `cargo test -p xfmr-cli -- --ignored`"]
 fn embed_and_similarity() {
@@ -142,12 +143,18 @@ fn embed_and_similarity() {
     assert_eq!(e.len(), 384);
     assert!((e.iter().map(|x| x * x).sum::<f64>() - 1.0).abs() < 1e-4);
 
+    // bf16 products run from BF16_MIN_ROWS (128) token rows per batch: forty lines.
     let bf16 = tmp.path().join("bf16.json");
-    let input = input.to_str().unwrap();
+    let many = tmp.path().join("many.txt");
+    std::fs::write(
+        &many,
+        "In the beginning.\nAnd God said, Let there be light.\n".repeat(20),
+    )
+    .unwrap();
     let args = [
         "embed",
         "--file",
-        input,
+        many.to_str().unwrap(),
         "--model-dir",
         dir,
         "--backend",
@@ -162,8 +169,11 @@ fn embed_and_similarity() {
     );
     let fast: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&bf16).unwrap()).unwrap();
-    for (a, b) in rows.iter().zip(fast.as_array().unwrap()) {
-        let a: Vec<f64> = serde_json::from_value(a["embedding"].clone()).unwrap();
+    let fast = fast.as_array().unwrap();
+    assert_eq!(fast.len(), 40);
+    for (i, b) in fast.iter().enumerate() {
+        assert_eq!(b["sentence"], rows[i % 2]["sentence"], "line {i}");
+        let a: Vec<f64> = serde_json::from_value(rows[i % 2]["embedding"].clone()).unwrap();
         let b: Vec<f64> = serde_json::from_value(b["embedding"].clone()).unwrap();
         let cos: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert!(cos >= 0.999, "bf16 embedding cosine {cos} to f32");
