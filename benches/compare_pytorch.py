@@ -39,6 +39,14 @@ there), built with the `wgpu` and `cuda` features; W1-W3 and W6 (W4 and W5 stay 
 
     python3 benches/compare_pytorch.py --device cuda --workloads w1 w2 w3 w3s w6
 
+`--bf16` (W1, W2, W4 on the CPU): each round also runs xfmr's flex backend with `--precision
+bf16` (the projections' products with bf16 factors and f32 sums, on AMX or AVX-512 BF16) and
+PyTorch under `torch.autocast("cpu", dtype=torch.bfloat16)` (oneDNN's bf16 kernels), each
+reported beside the f32 rows with its ratio to PyTorch's f32 and, in the last column, to
+PyTorch's bf16 autocast.
+
+    python3 benches/compare_pytorch.py --workloads w1 w2 w4 --backends flex --bf16
+
 W1-W4 run in `--rounds` rounds that alternate xfmr (each backend) and PyTorch; each reported row
 is its median round. This shared 2-core machine varies by up to 1.5x over minutes, and a single
 pass of one side after the other measured that drift as much as the implementations.
@@ -47,6 +55,7 @@ Needs `torch` for the peer (and `transformers` for W4 and W6, `sentence-transfor
 `tokenizers` for W3); a missing one skips that peer with a note.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -110,12 +119,12 @@ def xfmr_env(threads):
     return dict(os.environ, RAYON_NUM_THREADS=str(threads))
 
 
-def torch_worker(workload, args, *extra):
-    """Runs this script as a PyTorch worker in its own process; None if the peer is missing
-    (the worker exits with 3 then)."""
+def torch_worker(workload, args, *extra, autocast=False):
+    """Runs this script as a PyTorch worker in its own process (under bf16 autocast when
+    `autocast`); None if the peer is missing (the worker exits with 3 then)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", workload, "--iters",
            str(args.iters), "--threads", str(args.threads), "--skip", str(args.skip),
-           "--device", args.device, *extra]
+           "--device", args.device, *extra, *(["--autocast"] if autocast else [])]
     code, stdout, stderr, rss = run_measured(cmd)
     if code == 3:
         print(f"{workload}: PyTorch peer skipped: {stderr.strip()}", file=sys.stderr)
@@ -344,10 +353,16 @@ def worker(args):
         secs, units, unit = worker_w3(torch, args.iters, args.tokenizer, args.skip,
                                       W3_SHAPES[args.worker])
     else:
-        secs, units, unit = {"w1": worker_w1, "w2": worker_w2, "w4": worker_w4}[args.worker](
-            torch, args.iters)
+        # The model is built inside the autocast region too; autocast changes only the dtype
+        # its products (and the ops autocast lists) compute in, not the f32 parameters.
+        autocast = (torch.autocast(DEVICE, dtype=torch.bfloat16) if args.autocast
+                    else contextlib.nullcontext())
+        with autocast:
+            secs, units, unit = {"w1": worker_w1, "w2": worker_w2, "w4": worker_w4}[
+                args.worker](torch, args.iters)
+    backend = f"{DEVICE} bf16 autocast" if args.autocast else DEVICE
     print(json.dumps({"workload": args.worker.upper(), "impl": f"pytorch {torch.__version__}",
-                      "backend": DEVICE, "median_ms": secs * 1e3, "per_s": units / secs,
+                      "backend": backend, "median_ms": secs * 1e3, "per_s": units / secs,
                       "unit": unit}))
 
 
@@ -355,8 +370,10 @@ def worker(args):
 # The xfmr side and the table.
 
 
-def xfmr_example(workload, backend, iters, threads):
-    stdout, _, rss = checked([EXAMPLE, workload, str(iters), backend], xfmr_env(threads))
+def xfmr_example(workload, backend, iters, threads, bf16=False):
+    precision = ["--precision", "bf16"] if bf16 else []
+    stdout, _, rss = checked([EXAMPLE, workload, str(iters), backend, *precision],
+                             xfmr_env(threads))
     result = json.loads(stdout.strip().splitlines()[-1])
     result["rss_mib"] = rss
     return result
@@ -450,17 +467,25 @@ def w6_rows(backends, repeats, threads, device):
 
 
 def print_table(rows):
+    bf16 = any(r["backend"].endswith("bf16 autocast") for r in rows)
+    extra = (" vs PyTorch bf16 |", "---|") if bf16 else ("", "")
     print(f"\n| workload | implementation | backend | time (ms) | throughput | vs PyTorch "
-          f"| peak RSS (MiB) |\n|---|---|---|---|---|---|---|")
+          f"| peak RSS (MiB) |{extra[0]}\n|---|---|---|---|---|---|---|{extra[1]}")
     for workload in sorted({r["workload"] for r in rows}):
         group = [r for r in rows if r["workload"] == workload]
-        peer = next((r for r in group if r["impl"] != "xfmr"), None)
+        peers = [r for r in group if r["impl"] != "xfmr"]
+        # The f32 PyTorch row is the reference; the autocast one the last column's.
+        peer = next((r for r in peers if not r["backend"].endswith("autocast")), None)
+        peer_bf16 = next((r for r in peers if r["backend"].endswith("autocast")), None)
         for r in group:
             ratio = f"{r['per_s'] / peer['per_s']:.2f}×" if peer else "–"
             ms = f"{r['median_ms']:.1f}" if "median_ms" in r else "–"
             rss = f"{r['rss_mib']:.0f}" if "rss_mib" in r else "–"
+            last = ""
+            if bf16:
+                last = f" {r['per_s'] / peer_bf16['per_s']:.2f}× |" if peer_bf16 else " – |"
             print(f"| {workload} | {r['impl']} | {r['backend']} | {ms} "
-                  f"| {r['per_s']:.1f} {r['unit']}/s | {ratio} | {rss} |")
+                  f"| {r['per_s']:.1f} {r['unit']}/s | {ratio} | {rss} |{last}")
     for r in rows:
         if "first_step_s" in r:
             cut = ", cut off by --xfmr-timeout" if r["partial"] else ""
@@ -488,13 +513,19 @@ def main():
     p.add_argument("--prebuilt", action="store_true",
                    help="use the binaries already in $CARGO_TARGET_DIR/release instead of "
                         "building them (a GPU machine without cargo: build here, carry them)")
+    p.add_argument("--bf16", action="store_true",
+                   help="W1, W2, W4: also xfmr flex with --precision bf16 and PyTorch under "
+                        "bf16 autocast (see the docstring)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         return worker(args)
 
     gpu = args.device == "cuda"
+    if gpu and args.bf16:
+        sys.exit("--bf16 is a CPU comparison (xfmr's bf16 products run on flex)")
     if args.workloads is None:
         args.workloads = ["w1", "w2", "w3", "w6"] if gpu else ["w1", "w2", "w3", "w4", "w5", "w6"]
     if args.backends is None:
@@ -515,6 +546,7 @@ def main():
                         "--features", ",".join(features), "--example", "workloads",
                         "--bin", "xfmr"], cwd=ROOT, check=True)
     rows = []
+    bf16 = args.bf16
     with tempfile.TemporaryDirectory() as out:
         for w in args.workloads:
             print(f"{w} ...", file=sys.stderr, flush=True)
@@ -548,6 +580,19 @@ def main():
                     peer = torch_worker(w, args, *extra)
                     if peer:
                         this.append(peer)
+                    if bf16 and w in ("w1", "w2", "w4"):
+                        try:
+                            this.append(xfmr_example(w, "flex", args.iters, args.threads, True))
+                            peer = torch_worker(w, args, autocast=True)
+                            if peer:
+                                this.append(peer)
+                        except CommandFailed as e:
+                            # No bf16 products on this CPU: the example refuses; the f32
+                            # rows stand alone (every round, so the rounds still line up).
+                            print(f"{w} flex bf16: left out: {e}", file=sys.stderr)
+                            bf16 = False
+                            rounds = [[r for r in rr if "bf16" not in r["backend"]]
+                                      for rr in rounds]
                     rounds.append(this)
                     print("  round %d: %s" % (len(rounds), ", ".join(
                         f"{r['impl'].split()[0]} {r['backend']} {r['median_ms']:.1f} ms"

@@ -27,6 +27,16 @@
 //! `kernel` (W1 only): the attention implementation, `auto` (the default), `fused` (burn's
 //! `module::attention`, a flash kernel on the GPU backends), `decomposed` or `flex`; a kernel
 //! other than `auto` is reported as `backend/kernel`.
+//!
+//! `--precision bf16` (anywhere among the arguments) times the workload inside
+//! [`with_matmul_precision`]`(Bf16, ..)`: the projections' products with `bf16` factors and `f32`
+//! sums, as `xfmr embed --precision bf16` and `xfmr train --precision bf16` run them; reported
+//! as `backend bf16`. Refused on a backend or CPU where [`takes_bf16_products`] does not hold
+//! (the products would silently stay `f32`).
+//!
+//! ```text
+//! cargo run --release -p xfmr --features flex --example workloads -- w2 10 flex --precision bf16
+//! ```
 
 use std::time::Instant;
 
@@ -39,7 +49,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use burn::backend::{Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
-use xfmr::attention::{AttentionKernel, MhaInput, MultiHeadAttentionConfig};
+use xfmr::attention::{
+    takes_bf16_products, with_matmul_precision, AttentionKernel, MatmulPrecision, MhaInput,
+    MultiHeadAttentionConfig,
+};
 use xfmr::blocks::SelfAttentionInput;
 
 // W2's and W4's models and inputs, shared with the criterion bench.
@@ -150,34 +163,57 @@ fn gemm<B: Backend>(backend: &str, gpu: bool, iters: usize) {
     }
 }
 
-/// Runs `workload` on `B`, named `backend` in the report (`gpu`: a GPU backend); W1 with the
-/// attention `kernel` named `kernel_name` (reported as `backend/kernel_name` unless `auto`).
+/// Runs `workload` on `B`, named `backend` in the report (`gpu`: a GPU backend), its
+/// projections with `precision` (reported as `backend bf16` for bf16); W1 with the attention
+/// `kernel` named `kernel_name` (reported as `backend/kernel_name` unless `auto`).
 fn run<B: Backend>(
     workload: &str,
     backend: &str,
     gpu: bool,
     iters: usize,
     (kernel, kernel_name): (AttentionKernel, &str),
+    precision: MatmulPrecision,
 ) {
     assert!(
         workload == "w1" || kernel == AttentionKernel::Auto,
         "the kernel argument applies to w1 only"
     );
+    let mut backend = backend.to_string();
+    if precision == MatmulPrecision::Bf16 {
+        assert!(
+            workload != "gemm",
+            "gemm times burn's own matmul, which --precision does not change"
+        );
+        assert!(
+            takes_bf16_products::<B>(),
+            "--precision bf16: {backend} on this CPU runs its products in f32 (bf16 products \
+             need the flex backend and a CPU with AMX or AVX-512 BF16)"
+        );
+        backend = format!("{backend} bf16");
+    }
     let label = match kernel {
-        AttentionKernel::Auto => backend.to_string(),
+        AttentionKernel::Auto => backend.clone(),
         _ => format!("{backend}/{kernel_name}"),
     };
-    match workload {
-        "gemm" => gemm::<B>(backend, gpu, iters),
+    with_matmul_precision(precision, || match workload {
+        "gemm" => gemm::<B>(&backend, gpu, iters),
         "w1" => w1::<B>(&label, gpu, iters, kernel),
-        "w2" => w2::<B>(backend, gpu, iters),
-        "w4" => w4::<B>(backend, iters),
+        "w2" => w2::<B>(&backend, gpu, iters),
+        "w4" => w4::<B>(&backend, iters),
         other => panic!("unknown workload {other:?}: w1, w2, w4 or gemm"),
-    }
+    });
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let precision = match args.iter().position(|a| a == "--precision") {
+        Some(at) => {
+            let value = args.get(at + 1).expect("--precision: f32 or bf16").clone();
+            args.drain(at..at + 2);
+            value.parse().unwrap_or_else(|e| panic!("--precision: {e}"))
+        }
+        None => MatmulPrecision::F32,
+    };
     let workload = args.first().map_or("w1", String::as_str);
     let iters: usize = args
         .get(1)
@@ -197,12 +233,12 @@ fn main() {
     let kernel = (kernel, kernel_name);
     for backend in backends {
         match backend {
-            "ndarray" => run::<NdArray>(workload, backend, false, iters, kernel),
-            "flex" => run::<Flex>(workload, backend, false, iters, kernel),
+            "ndarray" => run::<NdArray>(workload, backend, false, iters, kernel, precision),
+            "flex" => run::<Flex>(workload, backend, false, iters, kernel, precision),
             #[cfg(feature = "wgpu")]
-            "wgpu" => run::<burn::backend::Wgpu>(workload, backend, true, iters, kernel),
+            "wgpu" => run::<burn::backend::Wgpu>(workload, backend, true, iters, kernel, precision),
             #[cfg(feature = "cuda")]
-            "cuda" => run::<burn::backend::Cuda>(workload, backend, true, iters, kernel),
+            "cuda" => run::<burn::backend::Cuda>(workload, backend, true, iters, kernel, precision),
             other => panic!(
                 "unknown backend {other:?}: ndarray, flex, or wgpu / cuda with those features"
             ),
