@@ -217,16 +217,16 @@ pub(super) fn dot_row(path: DotLevel, w: &[Sub32], offset: i32, x: &[ActBlock]) 
 }
 
 /// Whether [`dot_blocks`], [`dot_blocks4`], [`dot_rows4`] and [`dot_panel`] serve `format` on
-/// `path`: `Q4_0`, `Q4_1` and `Q8_0` on the SIMD paths.
+/// `path`: `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` on the SIMD paths.
 pub(super) fn reads_in_place(path: DotLevel, format: BlockFormat) -> bool {
     path != DotLevel::Portable
         && matches!(
             format,
-            BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q5_0 | BlockFormat::Q8_0
         )
 }
 
-/// `Σ_j w_j·x_j` of one row of `Q4_0`, `Q4_1` or `Q8_0` blocks read in place (no unpacking
+/// `Σ_j w_j·x_j` of one row of `Q4_0`, `Q4_1`, `Q5_0` or `Q8_0` blocks read in place (no unpacking
 /// to [`Sub32`]), on a SIMD `path`; `None` for other formats and the portable path, which
 /// take [`dot_row`].
 pub(super) fn dot_blocks(
@@ -283,7 +283,7 @@ pub(super) fn dot_rows4(
     )
 }
 
-/// The products of four weight rows of `Q4_0`, `Q4_1` or `Q8_0` blocks (read in place) with
+/// The products of four weight rows of `Q4_0`, `Q4_1`, `Q5_0` or `Q8_0` blocks (read in place) with
 /// the [`PANEL`] activation rows of `panel` (one [`PanelBlock`] per block of the rows): `out[r][c]`
 /// is weight row `r` times activation row `c`. `None` for other formats and the portable path.
 ///
@@ -306,6 +306,41 @@ pub(super) fn dot_panel(
         panel_avxvnni,
         panel_avx2(format, rows, panel)
     )
+}
+
+/// Whether [`dot_ktile`] serves `format` on `path`: `Q4_K` and `Q6_K` on the SIMD paths.
+pub(super) fn has_ktile(path: DotLevel, format: BlockFormat) -> bool {
+    path != DotLevel::Portable && matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+}
+
+/// The products of `R` weight rows of `Q4_K` or `Q6_K` blocks (read in place, `dot/x86/kquant.rs`)
+/// with `C` activation rows: `out[c][r]` is weight row `r` times activation row `c`. `None`
+/// where [`has_ktile`] is false.
+pub(super) fn dot_ktile<const R: usize, const C: usize>(
+    path: DotLevel,
+    format: BlockFormat,
+    rows: [&[u8]; R],
+    xs: [&[ActBlock]; C],
+) -> Option<[[f32; R]; C]> {
+    if !has_ktile(path, format) {
+        return None;
+    }
+    match path {
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: the path is available (`matmul_fused`, the only caller, asserts it in all
+        // builds) and has every feature the function enables; it asserts the shapes itself.
+        DotLevel::Avx512Vnni => Some(unsafe { x86::ktile_avx512vnni(format, rows, xs) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        DotLevel::AvxVnni => Some(unsafe { x86::ktile_avxvnni(format, rows, xs) }),
+        #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
+        #[allow(unsafe_code)]
+        // SAFETY: as above.
+        DotLevel::Avx2 => Some(unsafe { x86::ktile_avx2(format, rows, xs) }),
+        _ => None,
+    }
 }
 
 /// Whether [`dot_group`] serves interleaved matrices of `format` on `path`: `Q4_0`, `Q4_1`
@@ -358,75 +393,4 @@ fn products_portable(w: &[Sub32], x: &[ActBlock]) -> f32 {
 mod x86;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The dispatched quantisation (AVX2 where the CPU has it), and that of every level the CPU
-    /// has, equals the portable loop block for block, bit for bit, on values with exact halves
-    /// (`round` takes them away from zero), an all-zero block and a block of one huge value.
-    #[test]
-    fn quantize_blocks_is_the_same_on_every_path() {
-        let mut x: Vec<f32> = (0..SUB * 40)
-            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.25 + if i % 7 == 0 { 0.5 } else { 0.0 })
-            .collect();
-        x[SUB..2 * SUB].fill(0.0);
-        x[2 * SUB] = 1e30;
-        let (mut dispatched, mut portable) =
-            (vec![ActBlock::default(); 40], vec![ActBlock::default(); 40]);
-        quantize_blocks(&x, &mut dispatched);
-        quantize_blocks_portable(&x, &mut portable);
-        assert_eq!(dispatched, portable);
-        for level in FloatLevel::ALL {
-            if !level.available() {
-                eprintln!("quantize_blocks: this CPU has no {level:?}, its path is not compared");
-                continue;
-            }
-            let mut blocks = vec![ActBlock::default(); 40];
-            quantize_blocks_on(level, &x, &mut blocks);
-            assert_eq!(blocks, portable, "{level:?}");
-        }
-        // The plain formula: `round`, clamp, a saturating cast (NaN → 0), integer sums.
-        let mut odd = x.clone();
-        odd[3 * SUB..4 * SUB].fill(0.0);
-        odd[3 * SUB] = 1e-38; // d subnormal, 1/d infinite: 0·∞ in the others
-        odd[4 * SUB + 5] = f32::NAN;
-        odd[5 * SUB + 1] = -0.0;
-        let mut blocks = vec![ActBlock::default(); 40];
-        quantize_blocks(&odd, &mut blocks);
-        for (b, x) in blocks.iter().zip(odd.chunks_exact(SUB)) {
-            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let q: Vec<i8> = x
-                .iter()
-                .map(|v| (v * id).round().clamp(-127.0, 127.0) as i8)
-                .collect();
-            let half = |h: usize| {
-                q[16 * h..16 * h + 16]
-                    .iter()
-                    .map(|&v| i32::from(v))
-                    .sum::<i32>()
-            };
-            assert_eq!(b.q.as_slice(), q.as_slice());
-            assert_eq!(b.d, d);
-            assert_eq!(b.sum, [d * half(0) as f32, d * half(1) as f32]);
-        }
-        // The rounding is `round`'s, ties and all.
-        for v in [
-            0.5f32, 1.5, 2.5, -0.5, -2.5, 0.49999997, 126.5, -126.5, 8388607.5,
-        ] {
-            assert_eq!((v + HALF_DOWN.copysign(v)).trunc(), v.round(), "{v}");
-        }
-        assert_eq!(dispatched[1], ActBlock::default());
-        assert_eq!(dispatched[2].q[0], 127);
-        for (b, x) in dispatched.iter().zip(x.chunks_exact(SUB)) {
-            for (q, v) in b.q.iter().zip(x) {
-                assert!(
-                    (*q as f32 * b.d - v).abs() <= b.d / 2.0 * 1.0001,
-                    "{v} as {q}·{}",
-                    b.d
-                );
-            }
-        }
-    }
-}
+mod tests;

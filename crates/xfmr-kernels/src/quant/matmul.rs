@@ -5,11 +5,13 @@
 use rayon::prelude::*;
 
 use super::dot::{
-    dot_blocks, dot_blocks4, dot_group, dot_panel, dot_row, dot_rows4, has_group_kernel,
-    reads_in_place, ActBlock, PANEL,
+    dot_blocks, dot_blocks4, dot_group, dot_ktile, dot_panel, dot_row, dot_rows4, has_group_kernel,
+    has_ktile, reads_in_place, ActBlock, PANEL,
 };
+use super::formats::BlockFormat;
 use super::interleave::{Layout, GROUP};
 use super::{panel_min_rows, ActivationRows, Path, QuantizedMatrix, Sub32, ROWS_PER_TASK, SUB};
+use crate::cpu::DotLevel;
 
 impl QuantizedMatrix {
     /// `y = x Wᵀ`: `y[i][r] = Σ_k W[r][k]·x[i][k]` for the `n` rows of `x`, written into `y`
@@ -25,11 +27,12 @@ impl QuantizedMatrix {
     /// pass over all their rows (a layer's query, key and value projections): `y` is
     /// `[n, Σ rows]`, each row of `x` followed by the outputs of `parts[0]`, then `parts[1]`...
     /// Work is split over ranges of weight rows on rayon's threads, each task writing its
-    /// columns of every row of `y`. `Q4_0`, `Q4_1` and `Q8_0` rows are read in place: four
+    /// columns of every row of `y`. `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` rows are read in place: four
     /// weight rows per activation row when `x` has one row, four weight rows by panels of
     /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
-    /// `Q8_0`), four activation rows per weight row in between; other formats' rows are
-    /// unpacked once and multiplied with every row of `x`. Interleaved matrices
+    /// `Q8_0`), four activation rows per weight row in between; `Q4_K` and `Q6_K` rows are
+    /// read in place too, four weight rows by up to four activation rows at a time; other
+    /// formats' rows are unpacked once and multiplied with every row of `x`. Interleaved matrices
     /// ([`Layout::Interleaved`]) take sixteen weight rows by up to four activation rows at a
     /// time on AVX-512 VNNI; on the other paths (and for their rows past the last group)
     /// their rows are gathered back into ggml's layout first.
@@ -132,6 +135,25 @@ impl QuantizedMatrix {
                     (i, r) = (i + 4, r + 4);
                     continue;
                 }
+                if has_ktile(path, m.format) {
+                    // `Q4_K` and `Q6_K` read in place: four weight rows (or the last one by
+                    // one) by up to four activation rows at a time.
+                    if i + 4 <= count && r + 4 <= m.rows {
+                        let [g0, g1, g2, g3] = &mut gathered;
+                        let rows = [
+                            m.row_in(r, g0),
+                            m.row_in(r + 1, g1),
+                            m.row_in(r + 2, g2),
+                            m.row_in(r + 3, g3),
+                        ];
+                        ktile_rows(path, m.format, rows, x, out, i);
+                        (i, r) = (i + 4, r + 4);
+                    } else {
+                        ktile_rows(path, m.format, [m.row_in(r, &mut gathered[0])], x, out, i);
+                        (i, r) = (i + 1, r + 1);
+                    }
+                    continue;
+                }
                 let row = m.row_in(r, &mut gathered[0]);
                 if in_place {
                     // Four activation rows at a time, then one at a time.
@@ -184,5 +206,41 @@ impl QuantizedMatrix {
                 .enumerate()
                 .for_each(|(t, out)| task(t, out));
         }
+    }
+}
+
+/// The `R` weight rows `rows` of a `Q4_K` or `Q6_K` matrix times every row of `x`, into
+/// `out[k][i..i + R]` (`out[k]` the task's columns of row `k` of `y`): tiles of four
+/// activation rows, then the rest.
+fn ktile_rows<const R: usize>(
+    path: DotLevel,
+    format: BlockFormat,
+    rows: [&[u8]; R],
+    x: &ActivationRows,
+    out: &mut [&mut [f32]],
+    i: usize,
+) {
+    fn tile<const R: usize, const C: usize>(
+        (path, format, rows): (DotLevel, BlockFormat, [&[u8]; R]),
+        x: &ActivationRows,
+        out: &mut [&mut [f32]],
+        (i, k): (usize, usize),
+    ) -> usize {
+        let xs: [&[ActBlock]; C] = std::array::from_fn(|c| x.row(k + c));
+        let sums = dot_ktile(path, format, rows, xs).expect("a K-quant tile");
+        for (c, sums) in sums.iter().enumerate() {
+            out[k + c][i..i + R].copy_from_slice(sums);
+        }
+        C
+    }
+    let (n, what) = (x.n(), (path, format, rows));
+    let mut k = 0;
+    while k < n {
+        k += match n - k {
+            1 => tile::<R, 1>(what, x, out, (i, k)),
+            2 => tile::<R, 2>(what, x, out, (i, k)),
+            3 => tile::<R, 3>(what, x, out, (i, k)),
+            _ => tile::<R, 4>(what, x, out, (i, k)),
+        };
     }
 }

@@ -1,4 +1,4 @@
-//! The rows of `Q4_0`, `Q4_1` and `Q8_0` blocks read in place (no unpacking), times
+//! The rows of `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` blocks read in place (no unpacking), times
 //! activation blocks: one weight row by one activation row (`blocks_*`) or by four
 //! (`blocks4_*`), four weight rows by one activation row (`rows4_*`).
 
@@ -7,14 +7,15 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::{half, hsum};
+use super::{half, hsum, q5_0_signed};
 use crate::quant::dot::ActBlock;
 use crate::quant::formats::BlockFormat;
 
-/// The blocks of one row of `Q4_0`, `Q4_1` or `Q8_0` multiplied with activation blocks:
+/// The blocks of one row of `Q4_0`, `Q4_1`, `Q5_0` or `Q8_0` multiplied with activation blocks:
 /// `$dot(q, x)` is eight `i32` sums of four `u8 × i8` products each, with `q ≤ 128` (so
 /// that AVX2's saturating `vpmaddubsw` cannot saturate). Nibbles are split with a mask
-/// and a shift; `Q8_0`'s signed quants go in as `|w|` with their signs moved onto `x`.
+/// and a shift; `Q8_0`'s signed quants go in as `|w|` with their signs moved onto `x`, and so
+/// do `Q5_0`'s, made signed first (`q5_0_signed`).
 /// One loop per format (no dispatch inside), two accumulators.
 macro_rules! blocks_body {
     ($format:expr, $row:expr, $x:expr, $dot:expr) => {{
@@ -73,6 +74,11 @@ macro_rules! blocks_body {
                     m * (a.sum[0] + a.sum[1]),
                 )
             }),
+            BlockFormat::Q5_0 => each_block!(22, |block, a, xq| {
+                let w = q5_0_signed(block.as_ptr());
+                let p = $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+                (p, half(block[0], block[1]), 0.0)
+            }),
             _ => each_block!(34, |block, a, xq| {
                 let w = _mm256_loadu_si256(block.as_ptr().add(2).cast());
                 let p = $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
@@ -129,6 +135,11 @@ macro_rules! blocks4_body {
                 |block| (nibbles(block.as_ptr().add(4)), half(block[0], block[1]), half(block[2], block[3])),
                 |q, xq, a| $dot(q, xq)
             ),
+            BlockFormat::Q5_0 => each_block!(
+                22,
+                |block| (q5_0_signed(block.as_ptr()), half(block[0], block[1]), 0.0),
+                |w, xq, a| $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w))
+            ),
             _ => each_block!(
                 34,
                 |block| (_mm256_loadu_si256(block.as_ptr().add(2).cast()), half(block[0], block[1]), 0.0),
@@ -184,6 +195,14 @@ macro_rules! rows4_body {
                 20,
                 |block, xq| $dot(nibbles(block.as_ptr().add(4)), xq),
                 (half(block[0], block[1]), half(block[2], block[3]))
+            ),
+            BlockFormat::Q5_0 => each_block!(
+                22,
+                |block, xq| {
+                    let w = q5_0_signed(block.as_ptr());
+                    $dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w))
+                },
+                (half(block[0], block[1]), 0.0)
             ),
             _ => each_block!(
                 34,

@@ -1,8 +1,9 @@
 //! The x86 SIMD products of [`super`]: `#[target_feature]` functions, each called only for a
 //! [`DotLevel`](crate::cpu::DotLevel) whose features the CPU was checked to have (the SAFETY
 //! inventory, crates/xfmr-kernels/SAFETY.md). This file: the helpers and the products of
-//! unpacked rows ([`Sub32`]); `blocks.rs`: the rows of `Q4_0`, `Q4_1` and `Q8_0` read in place
-//! (one weight row by one or four activation rows, four weight rows by one); `panel.rs`: four
+//! unpacked rows ([`Sub32`]); `blocks.rs`: the rows of `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` read in
+//! place (one weight row by one or four activation rows, four weight rows by one); `kquant.rs`:
+//! the rows of `Q4_K` and `Q6_K` read in place (tiles of rows by activation rows); `panel.rs`: four
 //! weight rows by a panel of eight activation rows; `interleaved.rs`: sixteen interleaved
 //! weight rows by up to four activation rows.
 
@@ -16,6 +17,7 @@ use crate::quant::formats::Sub32;
 
 mod blocks;
 mod interleaved;
+mod kquant;
 mod panel;
 
 pub(super) use blocks::{
@@ -23,6 +25,7 @@ pub(super) use blocks::{
     blocks_avxvnni, rows4_avx2, rows4_avx512vnni, rows4_avxvnni,
 };
 pub(super) use interleaved::group_avx512vnni;
+pub(super) use kquant::{ktile_avx2, ktile_avx512vnni, ktile_avxvnni};
 pub(super) use panel::{panel_avx2, panel_avx512vnni, panel_avxvnni};
 
 /// The little-endian `f16` of two bytes (F16C).
@@ -30,6 +33,38 @@ pub(super) use panel::{panel_avx2, panel_avx512vnni, panel_avxvnni};
 unsafe fn half(lo: u8, hi: u8) -> f32 {
     let bits = u16::from_le_bytes([lo, hi]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// The 32 quants of a `Q5_0` block (`d`, then the fifth bits `qh` as a little-endian `u32`,
+/// then the nibbles as `Q4_0`'s) as signed bytes `q − 16` in element order: the form of
+/// `Q8_0`'s quants (`[−16, 15]`), so that every kernel reads `Q5_0` as `Q8_0` with another
+/// block size. The fifth bits spread to bytes as llama.cpp's `bytes_from_bits_32` does; a
+/// nibble whose fifth bit is clear gets `0xF0` ORed in (`q − 16` in two's complement), one
+/// whose bit is set stays `q` (`(q + 16) − 16`).
+///
+/// # Safety
+/// AVX2; `block` points to 22 readable bytes.
+#[inline(always)]
+unsafe fn q5_0_signed(block: *const u8) -> __m256i {
+    let qh = block.add(2).cast::<i32>().read_unaligned();
+    let raw = _mm_loadu_si128(block.add(6).cast());
+    let low = _mm_set1_epi8(0x0f);
+    let q = _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(raw, 4), low),
+        _mm_and_si128(raw, low),
+    );
+    // Byte e of `bytes` is byte e / 8 of `qh`; ORed with all bits but bit e % 8, it is all
+    // ones exactly where bit e of `qh` is set.
+    let spread = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), spread);
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(bytes, others), _mm256_set1_epi8(-1));
+    _mm256_or_si256(q, _mm256_andnot_si256(set, _mm256_set1_epi8(0xF0u8 as i8)))
 }
 
 /// `[s0·d ×4, s1·d ×4]`: the lanes of a `vpdpbusd` result hold 4 elements' sums each,

@@ -1,4 +1,4 @@
-//! Four weight rows of `Q4_0`, `Q4_1` or `Q8_0` blocks (read in place) times a panel of
+//! Four weight rows of `Q4_0`, `Q4_1`, `Q5_0` or `Q8_0` blocks (read in place) times a panel of
 //! eight activation rows ([`PanelBlock`]s): the kernel of batched decoding and of prompts.
 
 #[cfg(target_arch = "x86")]
@@ -6,6 +6,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::q5_0_signed;
 use crate::quant::dot::{PanelBlock, PANEL};
 use crate::quant::formats::BlockFormat;
 
@@ -13,7 +14,8 @@ use crate::quant::formats::BlockFormat;
 /// dword of a weight block (four quants) is broadcast to every lane and `$nibble(p, w, x)`
 /// adds to lane `c` of `p` the four `u8 × i8` products of `w` (nibbles, `w ≤ 15`) with
 /// activation row `c`'s four quants, `$nibble_sum` making the block's eight `i32` sums.
-/// `Q8_0`'s signed quants go through `$q8(p, w, x)`, which adds `Σ (w + $q8_offset)·x`:
+/// `Q8_0`'s signed quants (and `Q5_0`'s, made signed by `q5_0_signed`) go through
+/// `$q8(p, w, x)`, which adds `Σ (w + $q8_offset)·x`:
 /// `$q8_offset = 0` for the sign trick (`|w|·(sign(w)·x)`), 128 for VNNI's one product of
 /// `w ⊕ 0x80` (the quant as an unsigned byte, `w + 128`); the offset's share, `128·Σq_x`, is
 /// taken away with the minimums' term (`m = −128·d`, as `Q4_0`'s `−8·d`): exact in the integers
@@ -97,6 +99,23 @@ macro_rules! panel_body {
                 20,
                 |block, pb| nibbles(block.as_ptr().add(4), pb),
                 scales(block.as_ptr())
+            ),
+            BlockFormat::Q5_0 => each_block!(
+                22,
+                |block, pb| {
+                    // The signed quants (as `Q8_0`'s) once, then dword `k` in every lane.
+                    let w = q5_0_signed(block.as_ptr());
+                    let mut p = _mm256_setzero_si256();
+                    for k in 0..8 {
+                        let wk = _mm256_permutevar8x32_epi32(w, _mm256_set1_epi32(k as i32));
+                        p = $q8(p, wk, xq(pb, k));
+                    }
+                    p
+                },
+                {
+                    let (d, _) = scales(block.as_ptr());
+                    (d, _mm256_mul_ps(d, _mm256_set1_ps(-($q8_offset as f32))))
+                }
             ),
             _ => each_block!(
                 34,

@@ -1,0 +1,194 @@
+//! The rows of `Q4_K` and `Q6_K` super-blocks read in place (no unpacking to
+//! [`Sub32`](crate::quant::formats::Sub32)): a tile of `R` weight rows by `C` activation
+//! rows, one sub-block of 32 at a time, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` and
+//! `ggml_vec_dot_q6_K_q8_K` read them (here against the `Q8_0`-style activation blocks the
+//! other kernels read, one per sub-block).
+//!
+//! Per super-block of 256 and weight row, the sub-blocks' scales (and `Q4_K`'s minimums) are
+//! decoded once into `f32` (exact: an `f16` times a 6- or 8-bit integer); per sub-block the
+//! 32 quants are made unsigned bytes (`Q4_K`: nibbles `≤ 15`; `Q6_K`: `q ≤ 63`, its offset 32
+//! taken out with the activations' half sums) in a few vector operations and multiplied
+//! with each activation block in one `vpdpbusd` (AVX2: `vpmaddubsw`, exact as `q ≤ 63` and
+//! `|x| ≤ 127`). Lanes 0–3 of a product hold elements 0–15 and lanes 4–7 elements 16–31, so
+//! `Q6_K`'s two scales of a sub-block are one vector of lane scales.
+
+#[cfg(target_arch = "x86")]
+use std::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+use super::{half, hsum};
+use crate::quant::dot::ActBlock;
+use crate::quant::formats::BlockFormat;
+
+/// Sub-blocks of 32 per super-block.
+const SUBS: usize = 8;
+
+/// One super-block's sub-blocks, decoded for the products: `scale[s]` the scales of the two
+/// halves of sub-block `s`, `coef[s]` what multiplies the activations' half sums
+/// (`Q4_K`: the minimum `−dmin·m`; `Q6_K`: `−32·scale`).
+struct Decoded {
+    scale: [[f32; 2]; SUBS],
+    coef: [[f32; 2]; SUBS],
+}
+
+/// ggml's `get_scale_min_k4`: scale and minimum `j` (0..8) of `Q4_K`'s 12 packed bytes.
+#[inline(always)]
+fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Decodes the scales of one `Q4_K` (`{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`) or
+/// `Q6_K` (`{ u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }`) block.
+///
+/// # Safety
+/// F16C; `block` is one block of `format` (`Q4_K` or `Q6_K`).
+#[inline(always)]
+unsafe fn decode(format: BlockFormat, block: &[u8]) -> Decoded {
+    let mut out = Decoded {
+        scale: [[0.0; 2]; SUBS],
+        coef: [[0.0; 2]; SUBS],
+    };
+    if format == BlockFormat::Q4K {
+        let (d, dmin) = (half(block[0], block[1]), half(block[2], block[3]));
+        for s in 0..SUBS {
+            let (sc, m) = scale_min_k4(s, &block[4..16]);
+            let (scale, min) = (d * f32::from(sc), -(dmin * f32::from(m)));
+            out.scale[s] = [scale; 2];
+            out.coef[s] = [min; 2];
+        }
+    } else {
+        let d = half(block[208], block[209]);
+        for s in 0..SUBS {
+            for h in 0..2 {
+                let scale = d * f32::from(block[192 + 2 * s + h] as i8);
+                out.scale[s][h] = scale;
+                out.coef[s][h] = -32.0 * scale;
+            }
+        }
+    }
+    out
+}
+
+/// The 32 quants of sub-block `s` of a `Q4_K` or `Q6_K` block as unsigned bytes (`≤ 63`), in
+/// element order (the layouts: `formats.rs`'s `q45_k` and `q6_k`).
+///
+/// # Safety
+/// AVX2; `block` is one block of `format` (`Q4_K` or `Q6_K`), `s < 8`.
+#[inline(always)]
+unsafe fn quants(format: BlockFormat, block: &[u8], s: usize) -> __m256i {
+    let low4 = _mm256_set1_epi8(0x0f);
+    let load = |at: usize| _mm256_loadu_si256(block[at..at + 32].as_ptr().cast());
+    let shift = |v: __m256i, by: i32| _mm256_srl_epi16(v, _mm_cvtsi32_si128(by));
+    if format == BlockFormat::Q4K {
+        // Sub-block 2c is the low nibbles of qs[32c..32c + 32], 2c + 1 their high ones.
+        _mm256_and_si256(shift(load(16 + 32 * (s / 2)), 4 * (s % 2) as i32), low4)
+    } else {
+        // Half n = s / 4, k = s % 4: the low nibble from ql[64n + 32(k & 1) + l] (its low or
+        // high nibble for k < 2 or k ≥ 2), the two high bits from bits 2k of qh[32n + l].
+        let (n, k) = (s / 4, s % 4);
+        let low = shift(load(64 * n + 32 * (k & 1)), 4 * (k / 2) as i32);
+        let high = _mm256_and_si256(shift(load(128 + 32 * n), 2 * k as i32), _mm256_set1_epi8(3));
+        _mm256_or_si256(_mm256_and_si256(low, low4), _mm256_slli_epi16(high, 4))
+    }
+}
+
+/// `out[c][r] = Σ_j w_rj·x_cj` for the `R` weight rows `rows[r]` (whole `Q4_K` or `Q6_K`
+/// blocks) and the `C` activation rows `xs[c]` (one block per sub-block): `$dot(q, x)` is
+/// eight `i32` sums of four `u8 × i8` products each. Per sub-block and pair of rows: one
+/// product, one multiply-add of it by the lane scales times `d_x`, and the half sums'
+/// term in a scalar accumulator.
+macro_rules! ktile_body {
+    ($format:expr, $rows:expr, $xs:expr, $dot:expr) => {{
+        let (format, rows, xs): (BlockFormat, [&[u8]; R], [&[ActBlock]; C]) = ($format, $rows, $xs);
+        let nb = xs.first().map_or(0, |x| x.len());
+        let size = format.block_bytes();
+        assert!(
+            matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+                && nb % SUBS == 0
+                && xs.iter().all(|x| x.len() == nb)
+                && rows.iter().all(|r| r.len() == nb / SUBS * size),
+            "ktile: {format:?} rows of {:?} bytes, {nb} activation blocks",
+            rows.map(|r| r.len())
+        );
+        let mut acc = [[_mm256_setzero_ps(); R]; C];
+        let mut bias = [[0f32; R]; C];
+        for b in 0..nb / SUBS {
+            for r in 0..R {
+                let block = &rows[r][b * size..(b + 1) * size];
+                let decoded = decode(format, block);
+                for s in 0..SUBS {
+                    let q = quants(format, block, s);
+                    let [s0, s1] = decoded.scale[s];
+                    let lanes = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+                    let [c0, c1] = decoded.coef[s];
+                    for c in 0..C {
+                        let a = &xs[c][b * SUBS + s];
+                        let xq = _mm256_loadu_si256(a.q.as_ptr().cast());
+                        let p = _mm256_cvtepi32_ps($dot(q, xq));
+                        let scale = _mm256_mul_ps(lanes, _mm256_set1_ps(a.d));
+                        acc[c][r] = _mm256_fmadd_ps(p, scale, acc[c][r]);
+                        bias[c][r] += c0 * a.sum[0] + c1 * a.sum[1];
+                    }
+                }
+            }
+        }
+        let mut out = [[0f32; R]; C];
+        for c in 0..C {
+            for r in 0..R {
+                out[c][r] = hsum(acc[c][r]) + bias[c][r];
+            }
+        }
+        out
+    }};
+}
+
+/// # Safety
+/// The CPU has AVX-512 VNNI, AVX-512 VL, FMA and F16C (the shapes are asserted).
+#[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn ktile_avx512vnni<const R: usize, const C: usize>(
+    format: BlockFormat,
+    rows: [&[u8]; R],
+    xs: [&[ActBlock]; C],
+) -> [[f32; R]; C] {
+    ktile_body!(format, rows, xs, |q, x| _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        q,
+        x
+    ))
+}
+
+/// # Safety
+/// The CPU has AVX-VNNI, FMA and F16C (the shapes are asserted).
+#[target_feature(enable = "avxvnni,avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn ktile_avxvnni<const R: usize, const C: usize>(
+    format: BlockFormat,
+    rows: [&[u8]; R],
+    xs: [&[ActBlock]; C],
+) -> [[f32; R]; C] {
+    ktile_body!(format, rows, xs, |q, x| _mm256_dpbusd_avx_epi32(
+        _mm256_setzero_si256(),
+        q,
+        x
+    ))
+}
+
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (the shapes are asserted).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn ktile_avx2<const R: usize, const C: usize>(
+    format: BlockFormat,
+    rows: [&[u8]; R],
+    xs: [&[ActBlock]; C],
+) -> [[f32; R]; C] {
+    ktile_body!(format, rows, xs, |q, x| {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1))
+    })
+}
