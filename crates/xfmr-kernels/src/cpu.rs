@@ -51,6 +51,8 @@ pub struct Features {
     pub avx512f: bool,
     /// AVX-512 VL (AVX-512 instructions on 256-bit registers).
     pub avx512vl: bool,
+    /// AVX-512 BW (byte and word elements, their masks and shuffles on 512-bit registers).
+    pub avx512bw: bool,
     /// AVX-512 VNNI (`vpdpbusd`, EVEX-encoded).
     pub avx512vnni: bool,
     /// AVX-VNNI (`vpdpbusd`, VEX-encoded).
@@ -76,6 +78,7 @@ impl Features {
                 f16c: has!("f16c"),
                 avx512f: has!("avx512f"),
                 avx512vl: has!("avx512vl"),
+                avx512bw: has!("avx512bw"),
                 avx512vnni: has!("avx512vnni"),
                 avxvnni: has!("avxvnni"),
                 avx512bf16: has!("avx512bf16") && has!("avx512f"),
@@ -231,7 +234,8 @@ impl FloatLevel {
 /// `u8` by `i8` quants: each has AVX2, FMA and F16C.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DotLevel {
-    /// `vpdpbusd` on 256-bit registers (AVX-512 VNNI with VL).
+    /// `vpdpbusd` on 256- and 512-bit registers (AVX-512 VNNI with VL and BW; every CPU with
+    /// AVX-512 VNNI has both).
     Avx512Vnni,
     /// `vpdpbusd` on 256-bit registers (AVX-VNNI, VEX-encoded).
     AvxVnni,
@@ -263,13 +267,14 @@ impl DotLevel {
             f16c,
             avx512f,
             avx512vl,
+            avx512bw,
             avx512vnni,
             avxvnni,
             ..
         } = features;
         let simd = avx2 && fma && f16c;
         match self {
-            Self::Avx512Vnni => simd && avx512f && avx512vnni && avx512vl,
+            Self::Avx512Vnni => simd && avx512f && avx512vnni && avx512vl && avx512bw,
             Self::AvxVnni => simd && avxvnni,
             Self::Avx2 => simd,
             Self::Portable => true,
@@ -386,6 +391,7 @@ mod tests {
             f16c: true,
             avx512f: true,
             avx512vl: true,
+            avx512bw: true,
             avx512vnni: true,
             avxvnni: true,
             avx512bf16: true,
@@ -413,6 +419,7 @@ mod tests {
         let alder = Features {
             avx512f: false,
             avx512vl: false,
+            avx512bw: false,
             avx512vnni: false,
             avx512bf16: false,
             amx_bf16: false,

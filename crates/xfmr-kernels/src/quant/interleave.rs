@@ -1,7 +1,7 @@
-//! The interleaved layout of `Q4_0`, `Q4_1` and `Q8_0` matrices: the blocks of [`GROUP`]
+//! The interleaved layout of `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` matrices: the blocks of [`GROUP`]
 //! weight rows side by side, so that one vector instruction multiplies sixteen rows at once
 //! (llama.cpp's CPU "repack" of `Q4_0` into `block_q4_0x8`, here for sixteen rows and the
-//! three legacy formats whose kernels read blocks in place).
+//! legacy formats whose kernels read blocks in place).
 //!
 //! A matrix's rows are taken in groups of [`GROUP`]; the rows past the last whole group stay
 //! as they are. Group `g` occupies the same bytes as its rows did (`16·row_bytes` from
@@ -18,7 +18,9 @@
 //! place, undone by [`gather_row`]), the scales of sixteen rows are one 256-bit load
 //! (converted by one `vcvtph2ps`), and dword `k` of sixteen rows is one 512-bit load: with a
 //! broadcast activation dword, one `vpdpbusd` advances sixteen dot products (`Q4_0`/`Q4_1`
-//! nibbles: the low ones are elements `4k..4k+4`, the high ones `16+4k..`).
+//! nibbles: the low ones are elements `4k..4k+4`, the high ones `16+4k..`). `Q5_0`'s quants
+//! begin with its fifth bits `qh` (one dword: its dword 0 is the `qh` of sixteen rows), then
+//! its nibbles as `Q4_0`'s (dwords 1..5).
 
 use super::formats::BlockFormat;
 use crate::cpu::DotLevel;
@@ -33,14 +35,14 @@ pub enum Layout {
     #[default]
     Rows,
     /// Groups of [`GROUP`] rows interleaved block by block (this module's docs); the rows past
-    /// the last whole group as in [`Rows`](Self::Rows). `Q4_0`, `Q4_1` and `Q8_0` only.
+    /// the last whole group as in [`Rows`](Self::Rows). `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` only.
     Interleaved,
 }
 
 impl Layout {
     /// The layout whose products are fastest for `format` on `path`:
     /// [`Interleaved`](Self::Interleaved) where `path` has the kernel of interleaved groups
-    /// (AVX-512 VNNI, for `Q4_0`, `Q4_1` and `Q8_0`), [`Rows`](Self::Rows) elsewhere (the other
+    /// (AVX-512 VNNI, for `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0`), [`Rows`](Self::Rows) elsewhere (the other
     /// paths would gather interleaved rows back first).
     pub fn fastest(path: DotLevel, format: BlockFormat) -> Self {
         match super::dot::has_group_kernel(path, format) {
@@ -53,13 +55,13 @@ impl Layout {
 /// Header bytes (the `f16` scales) of a block of `format`, when it has an interleaved layout.
 pub(super) const fn header(format: BlockFormat) -> Option<usize> {
     match format {
-        BlockFormat::Q4_0 | BlockFormat::Q8_0 => Some(2),
+        BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => Some(2),
         BlockFormat::Q4_1 => Some(4),
         _ => None,
     }
 }
 
-/// Whether `format` has the interleaved layout (`Q4_0`, `Q4_1`, `Q8_0`).
+/// Whether `format` has the interleaved layout (`Q4_0`, `Q4_1`, `Q5_0`, `Q8_0`).
 pub const fn interleavable(format: BlockFormat) -> bool {
     header(format).is_some()
 }
@@ -166,7 +168,12 @@ mod tests {
     /// format and for row counts below, at and past a group.
     #[test]
     fn interleave_is_a_permutation_that_gather_row_undoes() {
-        for format in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+        for format in [
+            BlockFormat::Q4_0,
+            BlockFormat::Q4_1,
+            BlockFormat::Q5_0,
+            BlockFormat::Q8_0,
+        ] {
             for (rows, cols) in [(3, 96), (16, 96), (37, 96), (20, 0)] {
                 let row_bytes = cols / 32 * format.block_bytes();
                 let original: Vec<u8> = (0..rows * row_bytes)

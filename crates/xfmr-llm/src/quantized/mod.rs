@@ -164,8 +164,8 @@ impl QuantizedLlama {
     }
 
     /// As [`from_gguf`](Self::from_gguf), taking the file: the blocks of every matrix whose
-    /// products are faster so ([`Layout::fastest`]: `Q4_0`, `Q4_1` and `Q8_0` on AVX-512
-    /// VNNI) are permuted in place into the interleaved layout, once, with no copy (the
+    /// products are faster so ([`Layout::fastest`]: `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` on
+    /// AVX-512 VNNI) are permuted in place into the interleaved layout, once, with no copy (the
     /// file is read back only through this model afterwards). Elsewhere, when a matrix built
     /// from the file is still alive, or when two tensors of the file share a name or bytes,
     /// the blocks stay as stored.

@@ -1,4 +1,4 @@
-//! Sixteen interleaved weight rows of `Q4_0`, `Q4_1` or `Q8_0` (one group of
+//! Sixteen interleaved weight rows of `Q4_0`, `Q4_1`, `Q5_0` or `Q8_0` (one group of
 //! [`crate::quant::interleave`]'s layout) times up to four activation rows, on 512-bit
 //! registers: lane `r` of every vector is weight row `r`, so there is no horizontal sum and
 //! the scales of the sixteen rows are one conversion per block.
@@ -12,6 +12,22 @@ use crate::quant::dot::ActBlock;
 use crate::quant::formats::BlockFormat;
 use crate::quant::interleave::GROUP;
 
+/// `vpshufb` controls that put byte `j` of each dword into all four of its bytes (`SPREAD[j]`,
+/// the same in each 128-bit lane, as `vpshufb` indexes within lanes).
+const SPREAD: [[u8; 64]; 4] = {
+    let mut out = [[0u8; 64]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut i = 0;
+        while i < 64 {
+            out[j][i] = ((i % 16) / 4 * 4 + j) as u8;
+            i += 1;
+        }
+        j += 1;
+    }
+    out
+};
+
 /// `out[c][r] = Σ_j w_rj·x_cj` for the sixteen rows `r` of one interleaved group (`tiles`, one
 /// tile per block column) and the `R` activation rows `xs[c]`.
 ///
@@ -19,13 +35,18 @@ use crate::quant::interleave::GROUP;
 /// multiplied by dword `k` of the sixteen rows (`vpdpbusd`, `u8 × i8`, exact `i32` sums);
 /// the sums are scaled by the sixteen rows' `d` times the block's `d_x` (one multiply-add).
 /// The offsets and minimums add `d_x·Σq_x` (the activation block's half sums) times `m`
-/// (`Q4_1`), `−8·d` (`Q4_0`) or `−128·d` (`Q8_0`, whose signed quants are made unsigned by
-/// flipping their top bit, `q + 128`), kept in a second accumulator.
+/// (`Q4_1`), `−8·d` (`Q4_0`), `−16·d` (`Q5_0`) or `−128·d` (`Q8_0`, whose signed quants are
+/// made unsigned by flipping their top bit, `q + 128`), kept in a second accumulator.
+/// `Q5_0`'s fifth bits are added to its nibbles under byte masks: for dword `k`, byte `b` of
+/// row `r` takes bit `4k + b` (low nibbles) or `16 + 4k + b` (high ones) of the row's `qh`,
+/// which one shuffle (that byte of `qh` into all four bytes of the lane) and one bit test
+/// (`vptestmb` with `1 << (4k + b) % 8`) make a mask of, and a masked byte add of 16 applies.
 ///
 /// # Safety
-/// The CPU has AVX-512 F, VNNI and VL, FMA and F16C. `format` is `Q4_0`, `Q4_1` or `Q8_0` and
+/// The CPU has AVX-512 F, VNNI, VL and BW, FMA and F16C. `format` is `Q4_0`, `Q4_1`, `Q5_0` or
+/// `Q8_0` and
 /// `tiles` holds `xs[c].len()` tiles of `16·block_bytes` bytes (both asserted, all builds).
-#[target_feature(enable = "avx512f,avx512vnni,avx512vl,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512vnni,avx512vl,avx512bw,avx2,fma,f16c")]
 pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
     format: BlockFormat,
     tiles: &[u8],
@@ -87,6 +108,41 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
                 }
             }
+            BlockFormat::Q5_0 => {
+                let m = _mm512_mul_ps(d, _mm512_set1_ps(-16.0));
+                let qh = quants(32, 0);
+                let sixteen = _mm512_set1_epi8(16);
+                // The fifth bits of elements `4k..4k+4` lie in byte `k / 2` of `qh`, those
+                // of `16+4k..` in byte `2 + k / 2`; bit `4(k % 2) + b` for byte `b` of a lane.
+                let fifth = |byte: usize, k: usize| {
+                    let spread = _mm512_loadu_si512(SPREAD[byte].as_ptr().cast());
+                    let bits = _mm512_set1_epi32(if k % 2 == 0 {
+                        0x0804_0201
+                    } else {
+                        0x8040_2010_u32 as i32
+                    });
+                    _mm512_test_epi8_mask(_mm512_shuffle_epi8(qh, spread), bits)
+                };
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+                for k in 0..4 {
+                    let raw = quants(32, 1 + k);
+                    let l = _mm512_and_si512(raw, low);
+                    let h = _mm512_and_si512(_mm512_srli_epi32::<4>(raw), low);
+                    lo[k] = _mm512_mask_add_epi8(l, fifth(k / 2, k), l, sixteen);
+                    hi[k] = _mm512_mask_add_epi8(h, fifth(2 + k / 2, k), h, sixteen);
+                }
+                for c in 0..R {
+                    let a = &xs[c][i];
+                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+                    for k in 0..4 {
+                        p0 = _mm512_dpbusd_epi32(p0, lo[k], dword(a, k));
+                        p1 = _mm512_dpbusd_epi32(p1, hi[k], dword(a, 4 + k));
+                    }
+                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
+                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
+                }
+            }
             BlockFormat::Q8_0 => {
                 let m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0));
                 let mut w = [_mm512_setzero_si512(); 8];
@@ -105,7 +161,7 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
                 }
             }
-            _ => unreachable!("asserted above: Q4_0, Q4_1 or Q8_0"),
+            _ => unreachable!("asserted above: Q4_0, Q4_1, Q5_0 or Q8_0"),
         }
     }
     let mut out = [[0f32; GROUP]; R];
