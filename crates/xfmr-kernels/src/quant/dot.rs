@@ -127,7 +127,8 @@ fn quantize_blocks_portable(x: &[f32], out: &mut [ActBlock]) {
 /// and multiplied with eight activation rows at once.
 ///
 /// For one block of 32 columns: `q[k]` holds, in its 4-byte lane `c`, row `c`'s quants
-/// `4k..4k+4`; `d[c]` is row `c`'s scale and `sum[c]` its `d·Σq` over the block. Rows past the
+/// `4k..4k+4`; `d[c]` is row `c`'s scale, `sum[c]` its `d·Σq` over the block and `first[c]`
+/// over the block's first half. Rows past the
 /// end of a partial panel are zero (their products are zero and are not written).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 #[repr(C, align(32))]
@@ -138,6 +139,9 @@ pub struct PanelBlock {
     pub d: [f32; PANEL],
     /// Each row's `d·Σq` over the block.
     pub sum: [f32; PANEL],
+    /// Each row's `d·Σq` over the block's first half (elements 0..16), for formats with a
+    /// scale per half (`Q6_K`).
+    pub first: [f32; PANEL],
 }
 
 /// Activation rows per [`PanelBlock`].
@@ -162,6 +166,7 @@ impl PanelBlock {
             }
             out.d[c] = a.d;
             out.sum[c] = a.sum[0] + a.sum[1];
+            out.first[c] = a.sum[0];
         }
         out
     }
@@ -341,6 +346,29 @@ pub(super) fn dot_ktile<const R: usize, const C: usize>(
         DotLevel::Avx2 => Some(unsafe { x86::ktile_avx2(format, rows, xs) }),
         _ => None,
     }
+}
+
+/// The products of four weight rows of `Q4_K` or `Q6_K` blocks (read in place) with every
+/// panel of `panels` (panel after panel, each [`PanelBlock`]s of all the rows' blocks), as
+/// [`dot_panel`] does for the legacy formats one panel at a time: `out[p][r][c]` is weight row
+/// `r` times row `c` of panel `p`. `false` (nothing written) where [`has_ktile`] is false.
+pub(super) fn dot_kpanels(
+    path: DotLevel,
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    panels: &[PanelBlock],
+    out: &mut [[[f32; PANEL]; 4]],
+) -> bool {
+    if !has_ktile(path, format) {
+        return false;
+    }
+    on_simd_path!(
+        path,
+        kpanels_avx512vnni,
+        kpanels_avxvnni,
+        kpanels_avx2(format, rows, panels, out)
+    )
+    .is_some()
 }
 
 /// Whether [`dot_group`] serves interleaved matrices of `format` on `path`: `Q4_0`, `Q4_1`

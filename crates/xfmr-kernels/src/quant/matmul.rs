@@ -5,12 +5,15 @@
 use rayon::prelude::*;
 
 use super::dot::{
-    dot_blocks, dot_blocks4, dot_group, dot_ktile, dot_panel, dot_row, dot_rows4, has_group_kernel,
-    has_ktile, reads_in_place, ActBlock, PANEL,
+    dot_blocks, dot_blocks4, dot_group, dot_kpanels, dot_ktile, dot_panel, dot_row, dot_rows4,
+    has_group_kernel, has_ktile, reads_in_place, ActBlock, PANEL,
 };
 use super::formats::BlockFormat;
 use super::interleave::{Layout, GROUP};
-use super::{panel_min_rows, ActivationRows, Path, QuantizedMatrix, Sub32, ROWS_PER_TASK, SUB};
+use super::{
+    panel_min_rows, ActivationRows, Path, QuantizedMatrix, Sub32, PANEL_MIN_ROWS, ROWS_PER_TASK,
+    SUB,
+};
 use crate::cpu::DotLevel;
 
 impl QuantizedMatrix {
@@ -31,7 +34,8 @@ impl QuantizedMatrix {
     /// weight rows per activation row when `x` has one row, four weight rows by panels of
     /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
     /// `Q8_0`), four activation rows per weight row in between; `Q4_K` and `Q6_K` rows are
-    /// read in place too, four weight rows by up to four activation rows at a time; other
+    /// read in place too, four weight rows by panels (from 3 activation rows) or by up to
+    /// four activation rows at a time; other
     /// formats' rows are unpacked once and multiplied with every row of `x`. Interleaved matrices
     /// ([`Layout::Interleaved`]) take sixteen weight rows by up to four activation rows at a
     /// time on AVX-512 VNNI; on the other paths (and for their rows past the last group)
@@ -65,6 +69,8 @@ impl QuantizedMatrix {
             // Rows of interleaved matrices gathered back into ggml's layout, where no kernel
             // reads the groups (allocated on first use too).
             let mut gathered: [Vec<u8>; 4] = Default::default();
+            // The panels' sums of four `Q4_K`/`Q6_K` rows (allocated on first use too).
+            let mut ktiles = Vec::new();
             let (mut part, mut r) = (0, t * ROWS_PER_TASK);
             let count = out[0].len();
             let mut i = 0;
@@ -137,7 +143,8 @@ impl QuantizedMatrix {
                 }
                 if has_ktile(path, m.format) {
                     // `Q4_K` and `Q6_K` read in place: four weight rows (or the last one by
-                    // one) by up to four activation rows at a time.
+                    // one) by panels of activation rows when there are enough, else by up to
+                    // four activation rows at a time.
                     if i + 4 <= count && r + 4 <= m.rows {
                         let [g0, g1, g2, g3] = &mut gathered;
                         let rows = [
@@ -146,7 +153,24 @@ impl QuantizedMatrix {
                             m.row_in(r + 2, g2),
                             m.row_in(r + 3, g3),
                         ];
-                        ktile_rows(path, m.format, rows, x, out, i);
+                        if n >= PANEL_MIN_ROWS {
+                            // Every panel at once (each block decoded once for all of them).
+                            ktiles.resize(n.div_ceil(PANEL), [[0.0; PANEL]; 4]);
+                            let done = dot_kpanels(path, m.format, rows, x.panels(), &mut ktiles);
+                            assert!(done, "a K-quant panel kernel");
+                            for (p, tile) in ktiles.iter().enumerate() {
+                                for (c, y_row) in out[p * PANEL..n.min((p + 1) * PANEL)]
+                                    .iter_mut()
+                                    .enumerate()
+                                {
+                                    for (j, lanes) in tile.iter().enumerate() {
+                                        y_row[i + j] = lanes[c];
+                                    }
+                                }
+                            }
+                        } else {
+                            ktile_rows(path, m.format, rows, x, out, i);
+                        }
                         (i, r) = (i + 4, r + 4);
                     } else {
                         ktile_rows(path, m.format, [m.row_in(r, &mut gathered[0])], x, out, i);

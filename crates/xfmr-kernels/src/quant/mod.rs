@@ -130,6 +130,11 @@ impl ActivationRows {
         &self.panels[p * per..(p + 1) * per]
     }
 
+    /// Every panel, panel after panel (built for `PANEL_MIN_ROWS` rows or more).
+    fn panels(&self) -> &[PanelBlock] {
+        &self.panels
+    }
+
     /// Rows.
     pub fn n(&self) -> usize {
         self.n

@@ -200,6 +200,25 @@ fn in_place_q5_0_and_k_quant_kernels_equal_the_unpacked_product() {
                 for (c, sums) in tile.iter().enumerate() {
                     (0..4).for_each(|r| check("dot_ktile 4×3", r, 4 + c, sums[r]));
                 }
+                // Two panels: the same rows, and the rows in reverse.
+                let reversed: Vec<&[ActBlock]> = xs.iter().rev().copied().collect();
+                let two: Vec<PanelBlock> = (0..cols / SUB)
+                    .map(|i| PanelBlock::gather(&xs, i))
+                    .chain((0..cols / SUB).map(|i| PanelBlock::gather(&reversed, i)))
+                    .collect();
+                let mut tiles = [[[0f32; PANEL]; 4]; 2];
+                assert!(dot_kpanels(path, format, rows, &two, &mut tiles));
+                for r in 0..4 {
+                    for c in 0..PANEL {
+                        check("dot_kpanels", r, c, tiles[0][r][c]);
+                        check(
+                            "dot_kpanels, second panel",
+                            r,
+                            PANEL - 1 - c,
+                            tiles[1][r][c],
+                        );
+                    }
+                }
                 let tile = dot_ktile(path, format, [rows[3]], [xs[0], xs[1], xs[2], xs[7]]);
                 for (c, sums) in tile.unwrap().iter().enumerate() {
                     check("dot_ktile 1×4", 3, [0, 1, 2, 7][c], sums[0]);

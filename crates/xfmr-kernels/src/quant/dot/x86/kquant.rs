@@ -1,6 +1,7 @@
 //! The rows of `Q4_K` and `Q6_K` super-blocks read in place (no unpacking to
 //! [`Sub32`](crate::quant::formats::Sub32)): a tile of `R` weight rows by `C` activation
-//! rows, one sub-block of 32 at a time, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` and
+//! rows (`ktile_*`), or four weight rows by every panel of eight (`kpanels_*`, for prompts), one
+//! sub-block of 32 at a time, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` and
 //! `ggml_vec_dot_q6_K_q8_K` read them (here against the `Q8_0`-style activation blocks the
 //! other kernels read, one per sub-block).
 //!
@@ -18,7 +19,7 @@ use std::arch::x86::*;
 use std::arch::x86_64::*;
 
 use super::{half, hsum};
-use crate::quant::dot::ActBlock;
+use crate::quant::dot::{ActBlock, PanelBlock, PANEL};
 use crate::quant::formats::BlockFormat;
 
 /// Sub-blocks of 32 per super-block.
@@ -191,4 +192,123 @@ pub(in crate::quant::dot) unsafe fn ktile_avx2<const R: usize, const C: usize>(
     ktile_body!(format, rows, xs, |q, x| {
         _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1))
     })
+}
+
+/// Four weight rows of `Q4_K` or `Q6_K` blocks times every panel of eight activation rows
+/// (`panels`: panel after panel, one [`PanelBlock`] per sub-block), as `panel.rs` does for the
+/// legacy formats one panel at a time: per sub-block and weight row, its scales are decoded
+/// and its quants made bytes once (`decode`, `quants`), each dword `k` of them broadcast to
+/// every lane once (`vpermd`), then for every panel `$dot(p, w, x)` adds their products with
+/// the eight rows' dwords `k`; the two halves' sums apart (`Q6_K` has a scale per half), each
+/// scaled by the half's scale times the rows' `d_x`, and the half sums' terms (`first` and
+/// `sum − first`) added by two multiply-adds, all lanes at once. `out[p][r][c]`: weight row
+/// `r` times row `c` of panel `p`.
+macro_rules! kpanels_body {
+    ($format:expr, $rows:expr, $panels:expr, $out:expr, $dot:expr) => {{
+        let (format, rows, panels, out): (
+            BlockFormat,
+            [&[u8]; 4],
+            &[PanelBlock],
+            &mut [[[f32; PANEL]; 4]],
+        ) = ($format, $rows, $panels, $out);
+        let size = format.block_bytes();
+        let np = out.len();
+        let nb = rows[0].len() / size * SUBS;
+        assert!(
+            matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+                && panels.len() == np * nb
+                && rows.iter().all(|r| r.len() == nb / SUBS * size),
+            "kpanels: {format:?} rows of {:?} bytes, {} panel blocks for {np} panels",
+            rows.map(|r| r.len()),
+            panels.len()
+        );
+        // SAFETY (of the aligned loads): `PanelBlock` is 32-byte aligned and `q[k]`, `d`,
+        // `sum` and `first` lie at multiples of 32 bytes in it.
+        let xq = |pb: &PanelBlock, k: usize| _mm256_load_si256(pb.q[k].as_ptr().cast());
+        for o in out.iter_mut() {
+            *o = [[0.0; PANEL]; 4];
+        }
+        for b in 0..nb / SUBS {
+            for r in 0..4 {
+                let block = &rows[r][b * size..(b + 1) * size];
+                let decoded = decode(format, block);
+                for s in 0..SUBS {
+                    let q = quants(format, block, s);
+                    let mut w = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        w[k] = _mm256_permutevar8x32_epi32(q, _mm256_set1_epi32(k as i32));
+                    }
+                    let [s0, s1] = decoded.scale[s].map(|v| _mm256_set1_ps(v));
+                    let [c0, c1] = decoded.coef[s].map(|v| _mm256_set1_ps(v));
+                    for (p, o) in out.iter_mut().enumerate() {
+                        let pb = &panels[p * nb + b * SUBS + s];
+                        let (mut p0, mut p1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for k in 0..4 {
+                            p0 = $dot(p0, w[k], xq(pb, k));
+                            p1 = $dot(p1, w[4 + k], xq(pb, 4 + k));
+                        }
+                        let dx = _mm256_load_ps(pb.d.as_ptr());
+                        let first = _mm256_load_ps(pb.first.as_ptr());
+                        let second = _mm256_sub_ps(_mm256_load_ps(pb.sum.as_ptr()), first);
+                        let a = _mm256_loadu_ps(o[r].as_ptr());
+                        let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_mul_ps(dx, s0), a);
+                        let a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_mul_ps(dx, s1), a);
+                        let a = _mm256_fmadd_ps(c0, first, a);
+                        let a = _mm256_fmadd_ps(c1, second, a);
+                        _mm256_storeu_ps(o[r].as_mut_ptr(), a);
+                    }
+                }
+            }
+        }
+    }};
+}
+
+/// # Safety
+/// The CPU has AVX-512 VNNI, AVX-512 VL, FMA and F16C (the shapes are asserted).
+#[target_feature(enable = "avx512vnni,avx512vl,avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn kpanels_avx512vnni(
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    panels: &[PanelBlock],
+    out: &mut [[[f32; PANEL]; 4]],
+) {
+    kpanels_body!(format, rows, panels, out, |p, w, x| _mm256_dpbusd_epi32(
+        p, w, x
+    ))
+}
+
+/// # Safety
+/// The CPU has AVX-VNNI, FMA and F16C (the shapes are asserted).
+#[target_feature(enable = "avxvnni,avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn kpanels_avxvnni(
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    panels: &[PanelBlock],
+    out: &mut [[[f32; PANEL]; 4]],
+) {
+    kpanels_body!(
+        format,
+        rows,
+        panels,
+        out,
+        |p, w, x| _mm256_dpbusd_avx_epi32(p, w, x)
+    )
+}
+
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (the shapes are asserted). `vpmaddubsw`'s pair sums
+/// (`q ≤ 63`, `|x| ≤ 127`: within ±16,002) are widened at once, as four of them could
+/// overflow `i16`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::quant::dot) unsafe fn kpanels_avx2(
+    format: BlockFormat,
+    rows: [&[u8]; 4],
+    panels: &[PanelBlock],
+    out: &mut [[[f32; PANEL]; 4]],
+) {
+    let ones = _mm256_set1_epi16(1);
+    kpanels_body!(format, rows, panels, out, |p, w, x| _mm256_add_epi32(
+        p,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones)
+    ))
 }

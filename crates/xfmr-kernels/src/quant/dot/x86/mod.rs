@@ -25,7 +25,9 @@ pub(super) use blocks::{
     blocks_avxvnni, rows4_avx2, rows4_avx512vnni, rows4_avxvnni,
 };
 pub(super) use interleaved::group_avx512vnni;
-pub(super) use kquant::{ktile_avx2, ktile_avx512vnni, ktile_avxvnni};
+pub(super) use kquant::{
+    kpanels_avx2, kpanels_avx512vnni, kpanels_avxvnni, ktile_avx2, ktile_avx512vnni, ktile_avxvnni,
+};
 pub(super) use panel::{panel_avx2, panel_avx512vnni, panel_avxvnni};
 
 /// The little-endian `f16` of two bytes (F16C).
