@@ -42,8 +42,8 @@ pub enum Layout {
 impl Layout {
     /// The layout whose products are fastest for `format` on `path`:
     /// [`Interleaved`](Self::Interleaved) where `path` has the kernel of interleaved groups
-    /// (AVX-512 VNNI, for `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0`), [`Rows`](Self::Rows) elsewhere (the other
-    /// paths would gather interleaved rows back first).
+    /// (AVX-512 VNNI, for `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0`), [`Rows`](Self::Rows) elsewhere
+    /// (the other paths would gather interleaved rows back first).
     pub fn fastest(path: DotLevel, format: BlockFormat) -> Self {
         match super::dot::has_group_kernel(path, format) {
             true => Self::Interleaved,
