@@ -87,3 +87,14 @@ pub use loss::{smoothed_cross_entropy_row, Smoothing};
 pub use norm::{norm_rows, RowNorm};
 pub use norm_backward::norm_rows_backward;
 pub use silu::silu_mul;
+
+/// The next value of a splitmix64 stream (Steele, Lea and Flood's mixer): the tests'
+/// deterministic random bits.
+#[cfg(test)]
+pub(crate) fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}

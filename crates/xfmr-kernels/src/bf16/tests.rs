@@ -7,11 +7,7 @@ fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut state = seed;
     (0..len)
         .map(|i| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
+            let z = crate::splitmix64(&mut state);
             let unit = (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
             // Every seventh value a hundred times smaller: sums of mixed magnitudes.
             if i % 7 == 3 {

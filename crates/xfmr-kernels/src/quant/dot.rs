@@ -313,12 +313,18 @@ pub(super) fn dot_panel(
     )
 }
 
-/// Whether [`dot_ktile`] serves `format` on `path`: `Q4_K` and `Q6_K` on the SIMD paths.
+/// Whether [`dot_ktile`] serves `format` on `path`: `Q4_K`, `Q5_K` and `Q6_K` on the SIMD
+/// paths.
 pub(super) fn has_ktile(path: DotLevel, format: BlockFormat) -> bool {
-    path != DotLevel::Portable && matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
+    path != DotLevel::Portable
+        && matches!(
+            format,
+            BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K
+        )
 }
 
-/// The products of `R` weight rows of `Q4_K` or `Q6_K` blocks (read in place, `dot/x86/kquant.rs`)
+/// The products of `R` weight rows of `Q4_K`, `Q5_K` or `Q6_K` blocks (read in place,
+/// `dot/x86/kquant.rs`)
 /// with `C` activation rows: `out[c][r]` is weight row `r` times activation row `c`. `None`
 /// where [`has_ktile`] is false.
 pub(super) fn dot_ktile<const R: usize, const C: usize>(
@@ -348,7 +354,7 @@ pub(super) fn dot_ktile<const R: usize, const C: usize>(
     }
 }
 
-/// The products of four weight rows of `Q4_K` or `Q6_K` blocks (read in place) with every
+/// The products of four weight rows of `Q4_K`, `Q5_K` or `Q6_K` blocks (read in place) with every
 /// panel of `panels` (panel after panel, each [`PanelBlock`]s of all the rows' blocks), as
 /// [`dot_panel`] does for the legacy formats one panel at a time: `out[p][r][c]` is weight row
 /// `r` times row `c` of panel `p`. `false` (nothing written) where [`has_ktile`] is false.

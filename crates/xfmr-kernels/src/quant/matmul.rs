@@ -33,10 +33,10 @@ impl QuantizedMatrix {
     /// columns of every row of `y`. `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` rows are read in place: four
     /// weight rows per activation row when `x` has one row, four weight rows by panels of
     /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
-    /// `Q8_0`), four activation rows per weight row in between; `Q4_K` and `Q6_K` rows are
-    /// read in place too, four weight rows by panels (from 3 activation rows) or by up to
-    /// four activation rows at a time; other
-    /// formats' rows are unpacked once and multiplied with every row of `x`. Interleaved matrices
+    /// `Q8_0`), four activation rows per weight row in between; `Q4_K`, `Q5_K` and `Q6_K`
+    /// rows are read in place too, four weight rows by panels (from 3 activation rows) or by
+    /// up to four activation rows at a time; other formats' rows are unpacked once and
+    /// multiplied with every row of `x`. Interleaved matrices
     /// ([`Layout::Interleaved`]) take sixteen weight rows by up to four activation rows at a
     /// time on AVX-512 VNNI; on the other paths (and for their rows past the last group)
     /// their rows are gathered back into ggml's layout first.
@@ -142,7 +142,7 @@ impl QuantizedMatrix {
                     continue;
                 }
                 if has_ktile(path, m.format) {
-                    // `Q4_K` and `Q6_K` read in place: four weight rows (or the last one by
+                    // The K-quants read in place: four weight rows (or the last one by
                     // one) by panels of activation rows when there are enough, else by up to
                     // four activation rows at a time.
                     if i + 4 <= count && r + 4 <= m.rows {
@@ -233,8 +233,8 @@ impl QuantizedMatrix {
     }
 }
 
-/// The `R` weight rows `rows` of a `Q4_K` or `Q6_K` matrix times every row of `x`, into
-/// `out[k][i..i + R]` (`out[k]` the task's columns of row `k` of `y`): tiles of four
+/// The `R` weight rows `rows` of a `Q4_K`, `Q5_K` or `Q6_K` matrix times every row of `x`,
+/// into `out[k][i..i + R]` (`out[k]` the task's columns of row `k` of `y`): tiles of four
 /// activation rows, then the rest.
 fn ktile_rows<const R: usize>(
     path: DotLevel,

@@ -5,8 +5,8 @@
 //! - [`BlockFormat`]: the ggml formats (`Q4_0` … `Q8_0`, `Q2_K` … `Q8_K`), [`dequantize`]
 //!   (bit-exact with ggml), and one canonical unpacked form ([`Sub32`]) that every format maps
 //!   to, so that one product kernel serves all of them; `Q4_0`, `Q4_1`, `Q5_0`, `Q8_0`,
-//!   `Q4_K` and `Q6_K` (the commonest, and what llama.cpp's `Q4_K_M` files hold) also have
-//!   kernels that read their blocks in place on the SIMD paths;
+//!   `Q4_K`, `Q5_K` and `Q6_K` (the commonest, and what llama.cpp's `Q4_K_M` and `Q5_K_M`
+//!   files hold) also have kernels that read their blocks in place on the SIMD paths;
 //! - [`QuantizedMatrix`]: a `[rows, cols]` matrix of blocks and its product with activation
 //!   rows ([`QuantizedMatrix::matmul`]), in parallel over row ranges; its blocks in ggml's
 //!   layout or, for `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0`, interleaved by groups of sixteen rows

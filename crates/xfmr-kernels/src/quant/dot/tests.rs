@@ -76,19 +76,13 @@ fn quantize_blocks_is_the_same_on_every_path() {
 fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
     let mut state = seed;
     (0..len)
-        .map(|_| {
-            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            (z ^ (z >> 31)) as u8
-        })
+        .map(|_| crate::splitmix64(&mut state) as u8)
         .collect()
 }
 
 /// `rows` rows of `cols / block_len` random blocks of `format`, their `f16` scales set to
-/// finite values of either sign (`Q5_0`'s `d` at 0; `Q4_K`'s `d` and `dmin` at 0 and 2;
-/// `Q6_K`'s `d` at 208).
+/// finite values of either sign (`Q5_0`'s `d` at 0; `Q4_K`'s and `Q5_K`'s `d` and `dmin` at 0
+/// and 2; `Q6_K`'s `d` at 208).
 fn random_rows(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<Vec<u8>> {
     let per_row = cols / format.block_len() * format.block_bytes();
     let mut scales = random_bytes(seed ^ 0x5ca1e, 2 * rows * cols).into_iter();
@@ -98,7 +92,7 @@ fn random_rows(format: BlockFormat, rows: usize, cols: usize, seed: u64) -> Vec<
             for block in row.chunks_exact_mut(format.block_bytes()) {
                 let fields: &[usize] = match format {
                     BlockFormat::Q5_0 => &[0],
-                    BlockFormat::Q4K => &[0, 2],
+                    BlockFormat::Q4K | BlockFormat::Q5K => &[0, 2],
                     _ => &[208],
                 };
                 for &at in fields {
@@ -134,8 +128,8 @@ fn reference(format: BlockFormat, row: &[u8], x: &[ActBlock]) -> (f32, f32) {
     (exact, magnitude)
 }
 
-/// `Q5_0` (read as `Q8_0`'s signed quants) and `Q4_K` and `Q6_K` (read by sub-block) in place,
-/// through every kernel that reads them on every SIMD level this CPU has, against the
+/// `Q5_0` (read as `Q8_0`'s signed quants) and `Q4_K`, `Q5_K` and `Q6_K` (read by sub-block)
+/// in place, through every kernel that reads them on every SIMD level this CPU has, against the
 /// portable product of the unpacked rows: within `10⁻⁵` of the terms' magnitude (the integer
 /// sums are exact; only the `f32` scaling and summation orders differ, a few ulps of the
 /// magnitude over 16 blocks). Each level the CPU has is required to take these kernels, so a
@@ -164,7 +158,12 @@ fn in_place_q5_0_and_k_quant_kernels_equal_the_unpacked_product() {
             continue;
         }
         levels += 1;
-        for format in [BlockFormat::Q5_0, BlockFormat::Q4K, BlockFormat::Q6K] {
+        for format in [
+            BlockFormat::Q5_0,
+            BlockFormat::Q4K,
+            BlockFormat::Q5K,
+            BlockFormat::Q6K,
+        ] {
             let rows = random_rows(format, 4, cols, 7);
             let rows: [&[u8]; 4] = std::array::from_fn(|r| rows[r].as_slice());
             let check = |what: &str, r: usize, c: usize, got: f32| {
@@ -227,5 +226,5 @@ fn in_place_q5_0_and_k_quant_kernels_equal_the_unpacked_product() {
         }
     }
     assert!(!has_ktile(DotLevel::Portable, BlockFormat::Q4K));
-    eprintln!("in-place Q5_0 / Q4_K / Q6_K kernels compared on {levels} SIMD levels");
+    eprintln!("in-place Q5_0 / Q4_K / Q5_K / Q6_K kernels compared on {levels} SIMD levels");
 }

@@ -1,17 +1,18 @@
-//! The rows of `Q4_K` and `Q6_K` super-blocks read in place (no unpacking to
+//! The rows of `Q4_K`, `Q5_K` and `Q6_K` super-blocks read in place (no unpacking to
 //! [`Sub32`](crate::quant::formats::Sub32)): a tile of `R` weight rows by `C` activation
 //! rows (`ktile_*`), or four weight rows by every panel of eight (`kpanels_*`, for prompts), one
-//! sub-block of 32 at a time, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` and
-//! `ggml_vec_dot_q6_K_q8_K` read them (here against the `Q8_0`-style activation blocks the
+//! sub-block of 32 at a time, as llama.cpp's `ggml_vec_dot_q4_K_q8_K` (`q5_K`, `q6_K`) read
+//! them (here against the `Q8_0`-style activation blocks the
 //! other kernels read, one per sub-block).
 //!
-//! Per super-block of 256 and weight row, the sub-blocks' scales (and `Q4_K`'s minimums) are
-//! decoded once into `f32` (exact: an `f16` times a 6- or 8-bit integer); per sub-block the
-//! 32 quants are made unsigned bytes (`Q4_K`: nibbles `≤ 15`; `Q6_K`: `q ≤ 63`, its offset 32
-//! taken out with the activations' half sums) in a few vector operations and multiplied
-//! with each activation block in one `vpdpbusd` (AVX2: `vpmaddubsw`, exact as `q ≤ 63` and
-//! `|x| ≤ 127`). Lanes 0–3 of a product hold elements 0–15 and lanes 4–7 elements 16–31, so
-//! `Q6_K`'s two scales of a sub-block are one vector of lane scales.
+//! Per super-block of 256 and weight row, the sub-blocks' scales (and `Q4_K`'s and `Q5_K`'s
+//! minimums) are decoded once into `f32` (exact: an `f16` times a 6- or 8-bit integer); per
+//! sub-block the 32 quants are made unsigned bytes (`Q4_K`: nibbles `≤ 15`; `Q5_K`: `≤ 31`;
+//! `Q6_K`: `q ≤ 63`, its offset 32 taken out with the activations' half sums) in a few vector
+//! operations and multiplied with each activation block in one `vpdpbusd` (AVX2:
+//! `vpmaddubsw`, exact as `q ≤ 63` and `|x| ≤ 127`). Lanes 0–3 of a product hold elements
+//! 0–15 and lanes 4–7 elements 16–31, so `Q6_K`'s two scales of a sub-block are one vector of
+//! lane scales.
 
 #[cfg(target_arch = "x86")]
 use std::arch::x86::*;
@@ -27,7 +28,7 @@ const SUBS: usize = 8;
 
 /// One super-block's sub-blocks, decoded for the products: `scale[s]` the scales of the two
 /// halves of sub-block `s`, `coef[s]` what multiplies the activations' half sums
-/// (`Q4_K`: the minimum `−dmin·m`; `Q6_K`: `−32·scale`).
+/// (`Q4_K`, `Q5_K`: the minimum `−dmin·m`; `Q6_K`: `−32·scale`).
 struct Decoded {
     scale: [[f32; 2]; SUBS],
     coef: [[f32; 2]; SUBS],
@@ -46,18 +47,19 @@ fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Decodes the scales of one `Q4_K` (`{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`) or
-/// `Q6_K` (`{ u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d }`) block.
+/// Decodes the scales of one `Q4_K` (`{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`),
+/// `Q5_K` (the same with `u8 qh[32]` before `qs`) or `Q6_K` (`{ u8 ql[128]; u8 qh[64];
+/// i8 scales[16]; f16 d }`) block.
 ///
 /// # Safety
-/// F16C; `block` is one block of `format` (`Q4_K` or `Q6_K`).
+/// F16C; `block` is one block of `format` (`Q4_K`, `Q5_K` or `Q6_K`).
 #[inline(always)]
 unsafe fn decode(format: BlockFormat, block: &[u8]) -> Decoded {
     let mut out = Decoded {
         scale: [[0.0; 2]; SUBS],
         coef: [[0.0; 2]; SUBS],
     };
-    if format == BlockFormat::Q4K {
+    if format != BlockFormat::Q6K {
         let (d, dmin) = (half(block[0], block[1]), half(block[2], block[3]));
         for s in 0..SUBS {
             let (sc, m) = scale_min_k4(s, &block[4..16]);
@@ -78,11 +80,11 @@ unsafe fn decode(format: BlockFormat, block: &[u8]) -> Decoded {
     out
 }
 
-/// The 32 quants of sub-block `s` of a `Q4_K` or `Q6_K` block as unsigned bytes (`≤ 63`), in
-/// element order (the layouts: `formats.rs`'s `q45_k` and `q6_k`).
+/// The 32 quants of sub-block `s` of a `Q4_K`, `Q5_K` or `Q6_K` block as unsigned bytes
+/// (`≤ 63`), in element order (the layouts: `formats.rs`'s `q45_k` and `q6_k`).
 ///
 /// # Safety
-/// AVX2; `block` is one block of `format` (`Q4_K` or `Q6_K`), `s < 8`.
+/// AVX2; `block` is one block of `format` (`Q4_K`, `Q5_K` or `Q6_K`), `s < 8`.
 #[inline(always)]
 unsafe fn quants(format: BlockFormat, block: &[u8], s: usize) -> __m256i {
     let low4 = _mm256_set1_epi8(0x0f);
@@ -91,6 +93,11 @@ unsafe fn quants(format: BlockFormat, block: &[u8], s: usize) -> __m256i {
     if format == BlockFormat::Q4K {
         // Sub-block 2c is the low nibbles of qs[32c..32c + 32], 2c + 1 their high ones.
         _mm256_and_si256(shift(load(16 + 32 * (s / 2)), 4 * (s % 2) as i32), low4)
+    } else if format == BlockFormat::Q5K {
+        // As `Q4_K` (its qs from byte 48), the fifth bit of element j bit s of qh[j].
+        let nibbles = _mm256_and_si256(shift(load(48 + 32 * (s / 2)), 4 * (s % 2) as i32), low4);
+        let fifth = _mm256_and_si256(shift(load(16), s as i32), _mm256_set1_epi8(1));
+        _mm256_or_si256(nibbles, _mm256_slli_epi16(fifth, 4))
     } else {
         // Half n = s / 4, k = s % 4: the low nibble from ql[64n + 32(k & 1) + l] (its low or
         // high nibble for k < 2 or k ≥ 2), the two high bits from bits 2k of qh[32n + l].
@@ -101,7 +108,7 @@ unsafe fn quants(format: BlockFormat, block: &[u8], s: usize) -> __m256i {
     }
 }
 
-/// `out[c][r] = Σ_j w_rj·x_cj` for the `R` weight rows `rows[r]` (whole `Q4_K` or `Q6_K`
+/// `out[c][r] = Σ_j w_rj·x_cj` for the `R` weight rows `rows[r]` (whole `Q4_K`, `Q5_K` or `Q6_K`
 /// blocks) and the `C` activation rows `xs[c]` (one block per sub-block): `$dot(q, x)` is
 /// eight `i32` sums of four `u8 × i8` products each. Per sub-block and pair of rows: one
 /// product, one multiply-add of it by the lane scales times `d_x`, and the half sums'
@@ -112,8 +119,10 @@ macro_rules! ktile_body {
         let nb = xs.first().map_or(0, |x| x.len());
         let size = format.block_bytes();
         assert!(
-            matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
-                && nb % SUBS == 0
+            matches!(
+                format,
+                BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K
+            ) && nb % SUBS == 0
                 && xs.iter().all(|x| x.len() == nb)
                 && rows.iter().all(|r| r.len() == nb / SUBS * size),
             "ktile: {format:?} rows of {:?} bytes, {nb} activation blocks",
@@ -194,7 +203,7 @@ pub(in crate::quant::dot) unsafe fn ktile_avx2<const R: usize, const C: usize>(
     })
 }
 
-/// Four weight rows of `Q4_K` or `Q6_K` blocks times every panel of eight activation rows
+/// Four weight rows of `Q4_K`, `Q5_K` or `Q6_K` blocks times every panel of eight activation rows
 /// (`panels`: panel after panel, one [`PanelBlock`] per sub-block), as `panel.rs` does for the
 /// legacy formats one panel at a time: per sub-block and weight row, its scales are decoded
 /// and its quants made bytes once (`decode`, `quants`), each dword `k` of them broadcast to
@@ -215,8 +224,10 @@ macro_rules! kpanels_body {
         let np = out.len();
         let nb = rows[0].len() / size * SUBS;
         assert!(
-            matches!(format, BlockFormat::Q4K | BlockFormat::Q6K)
-                && panels.len() == np * nb
+            matches!(
+                format,
+                BlockFormat::Q4K | BlockFormat::Q5K | BlockFormat::Q6K
+            ) && panels.len() == np * nb
                 && rows.iter().all(|r| r.len() == nb / SUBS * size),
             "kpanels: {format:?} rows of {:?} bytes, {} panel blocks for {np} panels",
             rows.map(|r| r.len()),
