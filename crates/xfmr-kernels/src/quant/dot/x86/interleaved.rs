@@ -116,7 +116,7 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                 // of `16+4k..` in byte `2 + k / 2`; bit `4(k % 2) + b` for byte `b` of a lane.
                 let fifth = |byte: usize, k: usize| {
                     let spread = _mm512_loadu_si512(SPREAD[byte].as_ptr().cast());
-                    let bits = _mm512_set1_epi32(if k % 2 == 0 {
+                    let bits = _mm512_set1_epi32(if k.is_multiple_of(2) {
                         0x0804_0201
                     } else {
                         0x8040_2010_u32 as i32
