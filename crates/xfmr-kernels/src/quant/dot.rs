@@ -174,9 +174,9 @@ impl PanelBlock {
 
 /// `Some(x86::$f(args))` for the function `$f` of `path` (AVX-512 VNNI, AVX-VNNI, AVX2);
 /// `None` on the portable path and on other architectures: the dispatch of [`crate::cpu`] as
-/// one `match` for the five product kernels below, and (with [`dot_group`], whose kernel
-/// exists on one path only) the one place the `unsafe` `#[target_feature]` functions of `x86`
-/// are called.
+/// one `match` for six of the product kernels below, and (with [`dot_group`], whose kernel
+/// exists on one path only, and [`dot_ktile`], generic over its tile's shape) the one place the
+/// `unsafe` `#[target_feature]` functions of `x86` are called.
 macro_rules! on_simd_path {
     ($path:expr, $avx512vnni:ident, $avxvnni:ident, $avx2:ident ($($arg:expr),*)) => {
         match $path {
@@ -377,8 +377,8 @@ pub(super) fn dot_kpanels(
     .is_some()
 }
 
-/// Whether [`dot_group`] serves interleaved matrices of `format` on `path`: `Q4_0`, `Q4_1`
-/// and `Q8_0` on AVX-512 VNNI (the other paths read interleaved rows gathered back into
+/// Whether [`dot_group`] serves interleaved matrices of `format` on `path`: `Q4_0`, `Q4_1`,
+/// `Q5_0` and `Q8_0` on AVX-512 VNNI (the other paths read interleaved rows gathered back into
 /// ggml's layout).
 pub(super) fn has_group_kernel(path: DotLevel, format: BlockFormat) -> bool {
     path == DotLevel::Avx512Vnni && super::interleave::interleavable(format)
@@ -400,8 +400,8 @@ pub(super) fn dot_group<const R: usize>(
         #[cfg(any(target_arch = "x86_64", target_arch = "x86"))]
         #[allow(unsafe_code)]
         // SAFETY: the path is available (`matmul_fused`, the only caller, asserts it in all
-        // builds) and has every feature the function enables (AVX-512 F/VNNI/VL, AVX2, FMA,
-        // F16C); the function asserts its length precondition itself.
+        // builds) and has every feature the function enables (AVX-512 F/VNNI/VL/BW, AVX2,
+        // FMA, F16C); the function asserts its length precondition itself.
         DotLevel::Avx512Vnni => Some(unsafe { x86::group_avx512vnni(format, tiles, xs) }),
         _ => None,
     }

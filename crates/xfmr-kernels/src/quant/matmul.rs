@@ -34,8 +34,9 @@ impl QuantizedMatrix {
     /// weight rows per activation row when `x` has one row, four weight rows by panels of
     /// [`PANEL`] activation rows when it has enough rows (3 for `Q4_0`/`Q4_1`, 7 for
     /// `Q8_0`), four activation rows per weight row in between; `Q4_K`, `Q5_K` and `Q6_K`
-    /// rows are read in place too, four weight rows by panels (from 3 activation rows) or by
-    /// up to four activation rows at a time; other formats' rows are unpacked once and
+    /// rows are read in place too, four weight rows by every panel at once (from 3 activation
+    /// rows) or by the one or two activation rows there are; other formats' rows are unpacked
+    /// once and
     /// multiplied with every row of `x`. Interleaved matrices
     /// ([`Layout::Interleaved`]) take sixteen weight rows by up to four activation rows at a
     /// time on AVX-512 VNNI; on the other paths (and for their rows past the last group)
@@ -69,7 +70,7 @@ impl QuantizedMatrix {
             // Rows of interleaved matrices gathered back into ggml's layout, where no kernel
             // reads the groups (allocated on first use too).
             let mut gathered: [Vec<u8>; 4] = Default::default();
-            // The panels' sums of four `Q4_K`/`Q6_K` rows (allocated on first use too).
+            // The panels' sums of four K-quant rows (allocated on first use too).
             let mut ktiles = Vec::new();
             let (mut part, mut r) = (0, t * ROWS_PER_TASK);
             let count = out[0].len();

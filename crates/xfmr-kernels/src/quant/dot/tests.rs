@@ -2,6 +2,7 @@
 //! product.
 
 use super::*;
+use crate::quant::interleave::GROUP;
 
 /// The dispatched quantisation (AVX2 where the CPU has it), and that of every level the CPU
 /// has, equals the portable loop block for block, bit for bit, on values with exact halves
@@ -191,10 +192,32 @@ fn in_place_q5_0_and_k_quant_kernels_equal_the_unpacked_product() {
                 for r in 0..4 {
                     (0..PANEL).for_each(|c| check("dot_panel", r, c, tile[r][c]));
                 }
+                if has_group_kernel(path, format) {
+                    // Sixteen rows interleaved (`super::super::interleave`) through the group
+                    // kernel, by three activation rows.
+                    let group = random_rows(format, GROUP, cols, 9);
+                    let mut tiles = group.concat();
+                    crate::quant::interleave::interleave(format, &mut tiles, GROUP, cols);
+                    let three = [xs[1], xs[3], xs[6]];
+                    let sums = dot_group(path, format, &tiles, three).unwrap();
+                    for (c, sums) in sums.iter().enumerate() {
+                        for (r, &got) in sums.iter().enumerate() {
+                            let (exact, magnitude) = reference(format, &group[r], three[c]);
+                            assert!(
+                                (got - exact).abs() <= 1e-5 * magnitude,
+                                "Q5_0 dot_group on {path:?}, row {r} by {c}: {got} vs {exact}"
+                            );
+                        }
+                    }
+                }
             } else {
                 assert!(has_ktile(path, format), "{format:?} on {path:?}");
                 let tile = dot_ktile(path, format, rows, [xs[2]]).unwrap();
                 (0..4).for_each(|r| check("dot_ktile 4×1", r, 2, tile[0][r]));
+                let tile = dot_ktile(path, format, rows, [xs[4], xs[5]]).unwrap();
+                for (c, sums) in tile.iter().enumerate() {
+                    (0..4).for_each(|r| check("dot_ktile 4×2", r, 4 + c, sums[r]));
+                }
                 let tile = dot_ktile(path, format, rows, [xs[4], xs[5], xs[6]]).unwrap();
                 for (c, sums) in tile.iter().enumerate() {
                     (0..4).for_each(|r| check("dot_ktile 4×3", r, 4 + c, sums[r]));

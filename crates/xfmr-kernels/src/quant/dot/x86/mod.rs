@@ -3,7 +3,8 @@
 //! inventory, crates/xfmr-kernels/SAFETY.md). This file: the helpers and the products of
 //! unpacked rows ([`Sub32`]); `blocks.rs`: the rows of `Q4_0`, `Q4_1`, `Q5_0` and `Q8_0` read in
 //! place (one weight row by one or four activation rows, four weight rows by one); `kquant.rs`:
-//! the rows of `Q4_K` and `Q6_K` read in place (tiles of rows by activation rows); `panel.rs`: four
+//! the rows of `Q4_K`, `Q5_K` and `Q6_K` read in place (tiles of rows by activation rows, and
+//! four rows by every panel of eight activation rows); `panel.rs`: four
 //! weight rows by a panel of eight activation rows; `interleaved.rs`: sixteen interleaved
 //! weight rows by up to four activation rows.
 
