@@ -297,8 +297,9 @@ fn q3_k_scales(raw: &[u8; 12]) -> [u8; 16] {
 }
 
 /// Scale and minimum `j` (0..8) of the 12 packed bytes of `Q4_K`/`Q5_K` (ggml's
-/// `get_scale_min_k4`).
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+/// `get_scale_min_k4`); the in-place kernels' decoding too.
+#[inline(always)]
+pub(super) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -114,13 +114,7 @@ impl QuantizedMatrix {
                 let in_place = reads_in_place(path, m.format);
                 let four_rows = i + 4 <= count && r + 4 <= m.rows;
                 if in_place && four_rows && (n == 1 || n >= panel_min_rows(m.format)) {
-                    let [g0, g1, g2, g3] = &mut gathered;
-                    let rows = [
-                        m.row_in(r, g0),
-                        m.row_in(r + 1, g1),
-                        m.row_in(r + 2, g2),
-                        m.row_in(r + 3, g3),
-                    ];
+                    let rows = m.rows4_in(r, &mut gathered);
                     if n == 1 {
                         // One activation row: four weight rows at a time.
                         let four = dot_rows4(path, m.format, rows, x.row(0)).expect("in place");
@@ -130,13 +124,7 @@ impl QuantizedMatrix {
                         for (p, first) in (0..n).step_by(PANEL).enumerate() {
                             let tile =
                                 dot_panel(path, m.format, rows, x.panel(p)).expect("in place");
-                            for (c, y_row) in
-                                out[first..n.min(first + PANEL)].iter_mut().enumerate()
-                            {
-                                for (j, lanes) in tile.iter().enumerate() {
-                                    y_row[i + j] = lanes[c];
-                                }
-                            }
+                            put_panel(out, first, i, &tile);
                         }
                     }
                     (i, r) = (i + 4, r + 4);
@@ -146,28 +134,15 @@ impl QuantizedMatrix {
                     // The K-quants read in place: four weight rows (or the last one by
                     // one) by panels of activation rows when there are enough, else by up to
                     // four activation rows at a time.
-                    if i + 4 <= count && r + 4 <= m.rows {
-                        let [g0, g1, g2, g3] = &mut gathered;
-                        let rows = [
-                            m.row_in(r, g0),
-                            m.row_in(r + 1, g1),
-                            m.row_in(r + 2, g2),
-                            m.row_in(r + 3, g3),
-                        ];
+                    if four_rows {
+                        let rows = m.rows4_in(r, &mut gathered);
                         if n >= PANEL_MIN_ROWS {
                             // Every panel at once (each block decoded once for all of them).
                             ktiles.resize(n.div_ceil(PANEL), [[0.0; PANEL]; 4]);
                             let done = dot_kpanels(path, m.format, rows, x.panels(), &mut ktiles);
                             assert!(done, "a K-quant panel kernel");
                             for (p, tile) in ktiles.iter().enumerate() {
-                                for (c, y_row) in out[p * PANEL..n.min((p + 1) * PANEL)]
-                                    .iter_mut()
-                                    .enumerate()
-                                {
-                                    for (j, lanes) in tile.iter().enumerate() {
-                                        y_row[i + j] = lanes[c];
-                                    }
-                                }
+                                put_panel(out, p * PANEL, i, tile);
                             }
                         } else {
                             ktile_rows(path, m.format, rows, x, out, i);
@@ -267,5 +242,17 @@ fn ktile_rows<const R: usize>(
             3 => tile::<R, 3>(what, x, out, (i, k)),
             _ => tile::<R, 4>(what, x, out, (i, k)),
         };
+    }
+}
+
+/// The products of four weight rows (`tile[j][c]`: row `j` times activation row `first + c`)
+/// into columns `i..i + 4` of the rows `first..` of `out` (the task's columns of `y`), as many
+/// as the panel has real rows.
+fn put_panel(out: &mut [&mut [f32]], first: usize, i: usize, tile: &[[f32; PANEL]; 4]) {
+    let end = out.len().min(first + PANEL);
+    for (c, y_row) in out[first..end].iter_mut().enumerate() {
+        for (j, lanes) in tile.iter().enumerate() {
+            y_row[i + j] = lanes[c];
+        }
     }
 }

@@ -317,6 +317,18 @@ impl QuantizedMatrix {
         self.cols / self.format.block_len() * self.format.block_bytes()
     }
 
+    /// Rows `r..r + 4` as [`row_in`](Self::row_in) gives each (`bufs[k]` the buffer of row
+    /// `r + k`).
+    fn rows4_in<'a>(&'a self, r: usize, bufs: &'a mut [Vec<u8>; 4]) -> [&'a [u8]; 4] {
+        let [b0, b1, b2, b3] = bufs;
+        [
+            self.row_in(r, b0),
+            self.row_in(r + 1, b1),
+            self.row_in(r + 2, b2),
+            self.row_in(r + 3, b3),
+        ]
+    }
+
     /// Row `r`'s blocks in ggml's layout: in place, or gathered into `buf` from an
     /// interleaved group.
     fn row_in<'a>(&'a self, r: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {

@@ -80,7 +80,9 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
         // `head + 64k`, `k < (block_bytes − head/16)/4`, end within `tile`.
         let d = _mm512_cvtph_ps(_mm256_loadu_si256(t.cast()));
         let quants = |head: usize, k: usize| _mm512_loadu_si512(t.add(head + 64 * k).cast());
-        match format {
+        // Per format: the sixteen rows' quants as unsigned bytes, dwords 0..4 of the low half
+        // (`lo`) and of the high half (`hi`), and the minimums' multiplier `m`.
+        let (lo, hi, m) = match format {
             BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
                 let q4_1 = format == BlockFormat::Q4_1;
                 let head = if q4_1 { 64 } else { 32 };
@@ -96,17 +98,7 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     lo[k] = _mm512_and_si512(raw, low);
                     hi[k] = _mm512_and_si512(_mm512_srli_epi32::<4>(raw), low);
                 }
-                for c in 0..R {
-                    let a = &xs[c][i];
-                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for k in 0..4 {
-                        p0 = _mm512_dpbusd_epi32(p0, lo[k], dword(a, k));
-                        p1 = _mm512_dpbusd_epi32(p1, hi[k], dword(a, 4 + k));
-                    }
-                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
-                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
-                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
-                }
+                (lo, hi, m)
             }
             BlockFormat::Q5_0 => {
                 let m = _mm512_mul_ps(d, _mm512_set1_ps(-16.0));
@@ -131,37 +123,32 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
                     lo[k] = _mm512_mask_add_epi8(l, fifth(k / 2, k), l, sixteen);
                     hi[k] = _mm512_mask_add_epi8(h, fifth(2 + k / 2, k), h, sixteen);
                 }
-                for c in 0..R {
-                    let a = &xs[c][i];
-                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for k in 0..4 {
-                        p0 = _mm512_dpbusd_epi32(p0, lo[k], dword(a, k));
-                        p1 = _mm512_dpbusd_epi32(p1, hi[k], dword(a, 4 + k));
-                    }
-                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
-                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
-                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
-                }
+                (lo, hi, m)
             }
             BlockFormat::Q8_0 => {
                 let m = _mm512_mul_ps(d, _mm512_set1_ps(-128.0));
-                let mut w = [_mm512_setzero_si512(); 8];
-                for k in 0..8 {
-                    w[k] = _mm512_xor_si512(quants(32, k), top);
+                // Dwords 0..4 (elements 0..16) as the nibble formats' `lo`, 4..8 as `hi`.
+                let (mut lo, mut hi) = ([_mm512_setzero_si512(); 4], [_mm512_setzero_si512(); 4]);
+                for k in 0..4 {
+                    lo[k] = _mm512_xor_si512(quants(32, k), top);
+                    hi[k] = _mm512_xor_si512(quants(32, 4 + k), top);
                 }
-                for c in 0..R {
-                    let a = &xs[c][i];
-                    let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for k in 0..4 {
-                        p0 = _mm512_dpbusd_epi32(p0, w[k], dword(a, k));
-                        p1 = _mm512_dpbusd_epi32(p1, w[4 + k], dword(a, 4 + k));
-                    }
-                    let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
-                    acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
-                    bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
-                }
+                (lo, hi, m)
             }
             _ => unreachable!("asserted above: Q4_0, Q4_1, Q5_0 or Q8_0"),
+        };
+        // Every format: dwords `k` of `lo` and `hi` (elements `4k..`, `16+4k..`) of sixteen
+        // rows times the activation dwords `k` and `4 + k` of each activation row.
+        for c in 0..R {
+            let a = &xs[c][i];
+            let (mut p0, mut p1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+            for k in 0..4 {
+                p0 = _mm512_dpbusd_epi32(p0, lo[k], dword(a, k));
+                p1 = _mm512_dpbusd_epi32(p1, hi[k], dword(a, 4 + k));
+            }
+            let p = _mm512_cvtepi32_ps(_mm512_add_epi32(p0, p1));
+            acc[c] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, _mm512_set1_ps(a.d)), acc[c]);
+            bias[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sum[0] + a.sum[1]), bias[c]);
         }
     }
     let mut out = [[0f32; GROUP]; R];

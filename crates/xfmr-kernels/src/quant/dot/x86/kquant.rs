@@ -21,7 +21,7 @@ use std::arch::x86_64::*;
 
 use super::{half, hsum};
 use crate::quant::dot::{ActBlock, PanelBlock, PANEL};
-use crate::quant::formats::BlockFormat;
+use crate::quant::formats::{scale_min_k4, BlockFormat};
 
 /// Sub-blocks of 32 per super-block.
 const SUBS: usize = 8;
@@ -32,19 +32,6 @@ const SUBS: usize = 8;
 struct Decoded {
     scale: [[f32; 2]; SUBS],
     coef: [[f32; 2]; SUBS],
-}
-
-/// ggml's `get_scale_min_k4`: scale and minimum `j` (0..8) of `Q4_K`'s 12 packed bytes.
-#[inline(always)]
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
 }
 
 /// Decodes the scales of one `Q4_K` (`{ f16 d; f16 dmin; u8 scales[12]; u8 qs[128] }`),
