@@ -8,12 +8,14 @@
 //! - each of the three again with `/interleaved` after its name: the blocks in the layout the
 //!   model loads them in on AVX-512 VNNI (`xfmr_kernels::quant::interleave`, sixteen rows side
 //!   by side), on CPUs with that kernel;
+//! - `gate_up_q4_1/streamed`: `gate_up_q4_1` in the layout the model loads, over 64 such
+//!   matrices in turn (71 MB), so that the weights come from memory as in a decoding step;
 //! - `attend_cached`: one query position's attention over a cache of 256 positions for the
 //!   three query heads of one key/value head (SmolLM2-135M: `d_k` 64, three key/value heads a
-//!   row), one thread: the inner loop of decoding's attention; `streamed_*`: the same over
-//!   every head of 30 layers in turn, so that each cache comes from L3 or memory as in a
-//!   decoding step, with the heads' rows interleaved in one cache per layer or one cache per
-//!   head (xfmr-llm's layout).
+//!   row), one thread: the inner loop of decoding's attention, over a `HeadCache` (keys in
+//!   transposed blocks of 16 positions, values as rows; xfmr-llm's layout);
+//!   `streamed_per_head`: the same over every head of 30 layers in turn, so that each cache
+//!   comes from L3 or memory as in a decoding step.
 //!
 //! ```text
 //! RAYON_NUM_THREADS=2 cargo bench -p xfmr-kernels --bench quant
@@ -24,7 +26,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix};
-use xfmr_kernels::{attend_cached, CachedHead};
+use xfmr_kernels::{attend_cached, HeadCache};
 
 /// xorshift64: reproducible bytes and values without a dependency.
 struct Rng(u64);
@@ -95,6 +97,28 @@ fn products(c: &mut Criterion) {
             });
         }
     }
+    // The gate and up projections of 64 layers in turn (71 MB of Q4_1, more than the
+    // caches hold), eight rows: each product's weights come from memory, as in a decoding
+    // step of eight sequences.
+    let (rows, cols) = (3072, 576);
+    let layout = Layout::fastest(path, BlockFormat::Q4_1);
+    let layers: Vec<QuantizedMatrix> = (0..64)
+        .map(|_| random_matrix(BlockFormat::Q4_1, rows, cols, layout, &mut rng))
+        .collect();
+    for n in [1, 8] {
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.uniform()).collect();
+        let mut acts = ActivationRows::new();
+        acts.quantize(&x, n, cols);
+        let mut y = vec![0f32; n * rows];
+        let mut at = 0;
+        group.throughput(Throughput::Elements((n * rows * cols) as u64));
+        group.bench_with_input(BenchmarkId::new("gate_up_q4_1/streamed", n), &n, |b, _| {
+            b.iter(|| {
+                at = (at + 1) % layers.len();
+                QuantizedMatrix::matmul_fused(path, &[&layers[at]], &acts, &mut y)
+            });
+        });
+    }
     group.finish();
 }
 
@@ -102,63 +126,36 @@ fn cached_attention(c: &mut Criterion) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let (group_heads, d_k, kv_heads, len, layers) = (3, 64, 3, 256, 30);
     let q: Vec<f32> = (0..group_heads * d_k).map(|_| rng.uniform()).collect();
-    let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform()).collect() };
-    // The layouts: a layer's cache as `[positions, heads · d_k]` (the heads' rows
-    // interleaved) and as `[positions, d_k]` per head (xfmr-llm's since 2026-12-02).
-    let interleaved: Vec<(Vec<f32>, Vec<f32>)> = (0..layers)
-        .map(|_| (random(len * kv_heads * d_k), random(len * kv_heads * d_k)))
-        .collect();
-    let per_head: Vec<(Vec<f32>, Vec<f32>)> = (0..layers * kv_heads)
-        .map(|_| (random(len * d_k), random(len * d_k)))
-        .collect();
-    let head = |layer: usize, h: usize, contiguous: bool| match contiguous {
-        true => {
-            let (k, v) = &per_head[layer * kv_heads + h];
-            CachedHead {
-                keys: k,
-                values: v,
-                stride: d_k,
-                offset: 0,
-                d_k,
-                len,
+    // One cache per layer and key/value head, as xfmr-llm keeps them.
+    let heads: Vec<HeadCache> = (0..layers * kv_heads)
+        .map(|_| {
+            let mut head = HeadCache::with_capacity(d_k, len);
+            for _ in 0..len {
+                let k: Vec<f32> = (0..d_k).map(|_| rng.uniform()).collect();
+                let v: Vec<f32> = (0..d_k).map(|_| rng.uniform()).collect();
+                head.push(&k, &v);
             }
-        }
-        false => {
-            let (k, v) = &interleaved[layer];
-            CachedHead {
-                keys: k,
-                values: v,
-                stride: kv_heads * d_k,
-                offset: h * d_k,
-                d_k,
-                len,
-            }
-        }
-    };
+            head
+        })
+        .collect();
     let (mut scores, mut out) = (Vec::new(), vec![0f32; group_heads * d_k]);
     let mut group = c.benchmark_group("cached attention");
     // Multiply-adds: scores and weighted values.
     group.throughput(Throughput::Elements((2 * group_heads * d_k * len) as u64));
     // One head over and over: its cache stays in L1/L2.
     group.bench_function("attend_cached", |b| {
-        let one = head(0, 1, false);
+        let one = heads[1].view(len);
         b.iter(|| attend_cached(&q, one, 0.125, &mut scores, &mut out));
     });
-    // Every head of 30 layers in turn (11.8 MB of keys and values, as a decoding step reads
+    // Every head of 30 layers in turn (5.9 MB of keys and values, as a decoding step reads
     // them): each call's cache comes from L3 or memory.
-    for (name, contiguous) in [
-        ("streamed_interleaved_heads", false),
-        ("streamed_per_head", true),
-    ] {
-        let mut at = 0;
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                let (layer, h) = (at / kv_heads % layers, at % kv_heads);
-                at += 1;
-                attend_cached(&q, head(layer, h, contiguous), 0.125, &mut scores, &mut out)
-            });
+    let mut at = 0;
+    group.bench_function("streamed_per_head", |b| {
+        b.iter(|| {
+            at = (at + 1) % heads.len();
+            attend_cached(&q, heads[at].view(len), 0.125, &mut scores, &mut out)
         });
-    }
+    });
     group.finish();
 }
 

@@ -184,9 +184,10 @@ pub fn features() -> Features {
 /// do not depend on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FloatLevel {
-    /// AVX-512F, with AVX2 (the loops on 512-bit registers).
+    /// AVX-512F, with AVX2 and FMA (the loops on 512-bit registers).
     Avx512,
-    /// AVX2.
+    /// AVX2 and FMA (every AVX2 CPU but a few early ones has FMA: the loops' `mul_add` is
+    /// one instruction there).
     Avx2,
     /// Plain Rust (any CPU).
     Portable,
@@ -209,8 +210,8 @@ impl FloatLevel {
     /// Whether a CPU with `features` has every feature of the level.
     pub fn supported_by(self, features: Features) -> bool {
         match self {
-            Self::Avx512 => features.avx512f && features.avx2,
-            Self::Avx2 => features.avx2,
+            Self::Avx512 => features.avx512f && features.avx2 && features.fma,
+            Self::Avx2 => features.avx2 && features.fma,
             Self::Portable => true,
         }
     }

@@ -8,7 +8,8 @@
 //! **Host kernels on plain slices**, which need no burn (always built):
 //!
 //! - [`attend_cached`] and [`cached_probabilities`]: one query position's attention over a
-//!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled;
+//!   key/value cache for the query heads sharing a key/value head (decoding), register-tiled,
+//!   over a [`HeadCache`] (keys in transposed blocks of [`KEY_BLOCK`] positions, values as rows);
 //! - [`dropout_mask`]: dropout masks from a counter-based hash, in parallel (training);
 //! - [`exp_shifted`] and [`exp_nonpositive`]: a vectorised `exp` for softmax rows;
 //! - [`gelu_in_place`]: exact GELU, vectorised, and [`gelu_backward_in_place`], its derivative
@@ -72,7 +73,7 @@ mod norm_backward;
 pub mod quant;
 mod silu;
 
-pub use cached::{attend_cached, cached_probabilities, CachedHead};
+pub use cached::{attend_cached, cached_probabilities, CachedHead, HeadCache, KEY_BLOCK};
 pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]

@@ -117,7 +117,9 @@ impl<'a> Strided<'a> {
         self.data[self.offset + i * self.row_stride + j * self.col_stride]
     }
 
-    /// Columns `j0..j0 + len` of row `i` as a slice, where its elements are adjacent.
+    /// Columns `j0..j0 + len` of row `i` as a slice, where its elements are adjacent (the
+    /// flex glue's backward products read their rows through it).
+    #[cfg_attr(not(feature = "flex"), allow(dead_code))]
     pub(crate) fn row_part(&self, i: usize, j0: usize, len: usize) -> Option<&'a [f32]> {
         let start = self.offset + i * self.row_stride + j0;
         (self.col_stride == 1).then(|| &self.data[start..start + len])

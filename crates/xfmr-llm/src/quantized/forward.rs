@@ -99,12 +99,13 @@ impl QuantizedLlama {
                     rope(q, d_k, angles);
                     rope(&mut kv_part[..kv], d_k, angles);
                     let (k, v) = kv_part.split_at(kv);
-                    let heads = l * c.n_kv_heads..(l + 1) * c.n_kv_heads;
-                    for (cache, k) in row.keys[heads.clone()].iter_mut().zip(k.chunks_exact(d_k)) {
-                        cache.extend_from_slice(k);
-                    }
-                    for (cache, v) in row.values[heads].iter_mut().zip(v.chunks_exact(d_k)) {
-                        cache.extend_from_slice(v);
+                    let heads = &mut row.heads[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
+                    for ((cache, k), v) in heads
+                        .iter_mut()
+                        .zip(k.chunks_exact(d_k))
+                        .zip(v.chunks_exact(d_k))
+                    {
+                        cache.push(k, v);
                     }
                 }
             }
@@ -114,8 +115,8 @@ impl QuantizedLlama {
             if let Some(weights) = record.as_deref_mut() {
                 for ((row, tokens), &start) in rows.iter().zip(&s.starts) {
                     let qkv = &s.qkv[start * width..(start + tokens.len()) * width];
-                    let keys = &row.keys[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
-                    weights.push(attention_weights(c, qkv, width, keys, row.len));
+                    let heads = &row.heads[l * c.n_kv_heads..(l + 1) * c.n_kv_heads];
+                    weights.push(attention_weights(c, qkv, width, heads, row.len));
                 }
             }
             s.proj.resize(n * d, 0.0);

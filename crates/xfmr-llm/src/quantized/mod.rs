@@ -42,6 +42,7 @@ use crate::llama::LlamaConfig;
 use crate::LlmError;
 use xfmr_kernels::quant::interleave::interleave;
 use xfmr_kernels::quant::{BlockFormat, Layout, Path};
+use xfmr_kernels::HeadCache;
 
 /// One layer's weights.
 #[derive(Debug, Clone)]
@@ -75,11 +76,10 @@ pub struct QuantizedLlama {
 /// batching: a server adds and drops sequences between steps).
 #[derive(Debug, Clone)]
 pub struct SequenceCache {
-    /// Per layer and key/value head (`layer · n_kv_heads + head`), `[len, d_k]` keys and values
-    /// (capacity reserved up front): each head's rows contiguous, so that attention streams
-    /// them in order.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Per layer and key/value head (`layer · n_kv_heads + head`), its keys and values in the
+    /// layout the attention kernel reads ([`HeadCache`]: room reserved up front), each head's
+    /// contiguous, so that attention streams them in order.
+    heads: Vec<HeadCache>,
     len: usize,
     /// Leading padding tokens of the first step, not fed.
     skip: usize,
@@ -346,15 +346,11 @@ impl QuantizedLlama {
     /// An empty cache for one sequence, reserved for `capacity` positions (at most the
     /// model's context), for [`forward_batch`](Self::forward_batch).
     pub fn sequence(&self, capacity: usize) -> SequenceCache {
-        let reserve = capacity.min(self.config.context_length) * self.config.d_k();
-        let layers = || {
-            (0..self.layers.len() * self.config.n_kv_heads)
-                .map(|_| Vec::with_capacity(reserve))
-                .collect()
-        };
+        let positions = capacity.min(self.config.context_length);
         SequenceCache {
-            keys: layers(),
-            values: layers(),
+            heads: (0..self.layers.len() * self.config.n_kv_heads)
+                .map(|_| HeadCache::with_capacity(self.config.d_k(), positions))
+                .collect(),
             len: 0,
             skip: 0,
         }

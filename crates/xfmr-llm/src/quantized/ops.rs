@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 
 use rayon::prelude::*;
-use xfmr_kernels::{attend_cached, cached_probabilities, CachedHead};
+use xfmr_kernels::{attend_cached, cached_probabilities, HeadCache};
 
 use super::SequenceCache;
 use crate::llama::LlamaConfig;
@@ -83,16 +83,15 @@ pub(super) fn attention(
             let past = row.len;
             let seen = past + (r - starts[j]) + 1;
             let q = &qkv[r * width + g * group * d_k..r * width + (g + 1) * group * d_k];
-            let at = layer * c.n_kv_heads + g;
-            let head = cached(c, &row.keys[at], &row.values[at], seen);
+            let cache = &row.heads[layer * c.n_kv_heads + g];
             SCORES.with_borrow_mut(|scores| {
                 // Room for every position the cache was reserved for, so that the buffer
                 // does not grow again as the sequence does.
-                let reserved = group * row.keys[at].capacity() / d_k;
+                let reserved = group * cache.capacity();
                 if scores.capacity() < reserved {
                     scores.reserve_exact(reserved - scores.len());
                 }
-                attend_cached(q, head, scale(c), scores, o)
+                attend_cached(q, cache.view(seen), scale(c), scores, o)
             });
         });
 }
@@ -102,32 +101,19 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// One key/value head's cache (`[positions, d_k]`) over its first `len` positions.
-fn cached<'a>(c: &LlamaConfig, keys: &'a [f32], values: &'a [f32], len: usize) -> CachedHead<'a> {
-    let d_k = c.d_k();
-    CachedHead {
-        keys,
-        values,
-        stride: d_k,
-        offset: 0,
-        d_k,
-        len,
-    }
-}
-
 /// `1/√d_k`.
 fn scale(c: &LlamaConfig) -> f32 {
     1.0 / (c.d_k() as f32).sqrt()
 }
 
-/// The attention weights of the `n` new queries over a layer's cache (`keys`, one per
+/// The attention weights of the `n` new queries over a layer's cache (`heads`, one per
 /// key/value head; `past + n` positions), as [`attention`] uses them (the same kernel's
 /// probabilities): `[heads, n, past + n]`, zeros where a query may not look.
 pub(super) fn attention_weights(
     c: &LlamaConfig,
     qkv: &[f32],
     width: usize,
-    keys: &[Vec<f32>],
+    heads: &[HeadCache],
     past: usize,
 ) -> Vec<f32> {
     let d_k = c.d_k();
@@ -140,8 +126,7 @@ pub(super) fn attention_weights(
         let seen = past + i + 1;
         for g in 0..c.n_kv_heads {
             let q = &qkv[i * width + g * group * d_k..i * width + (g + 1) * group * d_k];
-            let head = cached(c, &keys[g], &keys[g], seen);
-            cached_probabilities(q, head, scale(c), &mut scores);
+            cached_probabilities(q, heads[g].view(seen), scale(c), &mut scores);
             for (j, row) in scores.chunks_exact(seen).enumerate() {
                 let at = ((g * group + j) * n + i) * total;
                 out[at..at + seen].copy_from_slice(row);

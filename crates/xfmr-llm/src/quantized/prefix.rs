@@ -7,14 +7,15 @@
 //! conversation's earlier turns), which makes the prompt's processing (the prefill) mostly
 //! a copy: llama.cpp's server and vLLM keep caches across requests for the same reason.
 
+use xfmr_kernels::HeadCache;
+
 use super::SequenceCache;
 
 /// One kept sequence: the tokens fed and, per layer and key/value head, their keys and values.
 #[derive(Debug, Clone)]
 struct Entry {
     tokens: Vec<u32>,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    heads: Vec<HeadCache>,
     /// The [`PrefixCache`]'s clock when it was last stored or used (least recently used goes
     /// first).
     used: u64,
@@ -22,14 +23,13 @@ struct Entry {
 
 impl Entry {
     fn bytes(&self) -> usize {
-        bytes(&self.keys, &self.values, self.tokens.len())
+        bytes(&self.heads, self.tokens.len())
     }
 }
 
 /// What keeping `tokens` positions with these keys and values costs.
-fn bytes(keys: &[Vec<f32>], values: &[Vec<f32>], tokens: usize) -> usize {
-    let floats: usize = keys.iter().chain(values).map(Vec::len).sum();
-    floats * std::mem::size_of::<f32>() + tokens * std::mem::size_of::<u32>()
+fn bytes(heads: &[HeadCache], tokens: usize) -> usize {
+    heads.iter().map(HeadCache::bytes).sum::<usize>() + tokens * std::mem::size_of::<u32>()
 }
 
 /// Key/value caches of earlier sequences of one [`QuantizedLlama`], at most `max_bytes` of
@@ -103,7 +103,7 @@ impl PrefixCache {
         let best = self
             .entries
             .iter_mut()
-            .filter(|e| e.keys.len() == cache.keys.len())
+            .filter(|e| e.heads.len() == cache.heads.len())
             .map(|e| {
                 let shared = e
                     .tokens
@@ -120,15 +120,8 @@ impl PrefixCache {
         if shared == 0 {
             return 0;
         }
-        let Some(first) = entry.keys.first() else {
-            return 0;
-        };
-        let row = first.len() / entry.tokens.len();
-        for (to, from) in cache.keys.iter_mut().zip(&entry.keys) {
-            to.extend_from_slice(&from[..shared * row]);
-        }
-        for (to, from) in cache.values.iter_mut().zip(&entry.values) {
-            to.extend_from_slice(&from[..shared * row]);
+        for (to, from) in cache.heads.iter_mut().zip(&entry.heads) {
+            to.copy_prefix(from, shared);
         }
         cache.len = shared;
         self.clock += 1;
@@ -146,7 +139,7 @@ impl PrefixCache {
             return;
         }
         let tokens = &tokens[..cache.len];
-        let size = bytes(&cache.keys, &cache.values, tokens.len());
+        let size = bytes(&cache.heads, tokens.len());
         if size > self.max_bytes {
             return;
         }
@@ -161,8 +154,7 @@ impl PrefixCache {
         }
         let entry = Entry {
             tokens: tokens.to_vec(),
-            keys: cache.keys.clone(),
-            values: cache.values.clone(),
+            heads: cache.heads.clone(),
             used: self.clock,
         };
         let mut freed = 0;

@@ -6,6 +6,8 @@
 use xfmr_models::generate::HostSteps;
 use xfmr_models::ModelError;
 
+use xfmr_kernels::HeadCache;
+
 use super::{QuantizedLlama, Scratch, SequenceCache};
 
 /// [`QuantizedLlama`] over some sequences' key/value caches (rows), as [`HostSteps`]: a step
@@ -128,21 +130,10 @@ impl HostSteps for QuantizedSteps<'_> {
 }
 
 impl SequenceCache {
-    /// A copy with the same reserved capacity (`Vec::clone` keeps lengths, not capacities).
+    /// A copy with the same reserved room (`clone` keeps lengths, not capacities).
     fn copy(&self) -> Self {
-        let copy = |caches: &[Vec<f32>]| {
-            caches
-                .iter()
-                .map(|c| {
-                    let mut v = Vec::with_capacity(c.capacity());
-                    v.extend_from_slice(c);
-                    v
-                })
-                .collect()
-        };
         Self {
-            keys: copy(&self.keys),
-            values: copy(&self.values),
+            heads: self.heads.iter().map(HeadCache::copy_reserved).collect(),
             len: self.len,
             skip: self.skip,
         }

@@ -117,9 +117,17 @@ macro_rules! ktile_body {
         );
         let mut acc = [[_mm256_setzero_ps(); R]; C];
         let mut bias = [[0f32; R]; C];
+        let row_bytes = nb / SUBS * size;
         for b in 0..nb / SUBS {
             for r in 0..R {
                 let block = &rows[r][b * size..(b + 1) * size];
+                // The same block of the row `R` rows on (the next tile's, when the rows lie
+                // one after another as ggml stores them), hinted as `group_avx512vnni` hints
+                // its next tiles (a hint: never read, so any address will do).
+                let next = block.as_ptr().wrapping_add(R * row_bytes);
+                for line in (0..size).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
+                }
                 let decoded = decode(format, block);
                 for s in 0..SUBS {
                     let q = quants(format, block, s);
