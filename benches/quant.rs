@@ -1,6 +1,7 @@
 //! The quantised products of `xfmr_kernels::quant` on SmolLM2-135M's shapes (random blocks,
-//! random activations), for 1, 8 and 40 activation rows: one sequence decoding, eight
-//! sequences decoding together (`xfmr serve` with eight clients), and a 40-token prompt.
+//! random activations), for 1, 8 and 40 activation rows (1 and 8 for the streamed case): one
+//! sequence decoding, eight sequences decoding together (`xfmr serve` with eight clients), and
+//! a 40-token prompt.
 //!
 //! - `gate_up_q4_1`: `[3072, 576]` `Q4_1` (a layer's fused gate and up projections);
 //! - `down_q4_1`: `[576, 1536]` `Q4_1`;
@@ -147,7 +148,7 @@ fn cached_attention(c: &mut Criterion) {
         let one = heads[1].view(len);
         b.iter(|| attend_cached(&q, one, 0.125, &mut scores, &mut out));
     });
-    // Every head of 30 layers in turn (5.9 MB of keys and values, as a decoding step reads
+    // Every head of 30 layers in turn (11.8 MB of keys and values, as a decoding step reads
     // them): each call's cache comes from L3 or memory.
     let mut at = 0;
     group.bench_function("streamed_per_head", |b| {

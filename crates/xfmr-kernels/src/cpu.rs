@@ -1,6 +1,7 @@
 //! The CPU features the kernels dispatch on, probed once (as candle-core's and ggml-cpu's CPU
 //! feature probes are): [`features`], and the three ladders of levels the kernels choose from,
-//! [`FloatLevel`] (the `f32` loops: [`exp_shifted`](crate::exp_shifted), [`attend_cached`](crate::attend_cached),
+//! [`FloatLevel`] (the `f32` loops: [`exp_shifted`](crate::exp_shifted),
+//! [`attend_cached`](crate::attend_cached),
 //! [`gelu_in_place`](crate::gelu_in_place), [`norm_rows`](crate::norm_rows) and
 //! [`norm_rows_backward`](crate::norm_rows_backward), [`silu_mul`](crate::silu_mul),
 //! [`dropout_mask`](crate::dropout_mask), the loss's rows,
@@ -180,14 +181,15 @@ pub fn features() -> Features {
 }
 
 /// The levels of the `f32` loops, each compiled from the same portable code with
-/// `#[target_feature]` (the same operations in the same order on every level, so the results
-/// do not depend on it).
+/// `#[target_feature]` (the cached attention's block scores written with intrinsics that do
+/// the portable loops' operations; the same operations in the same order on every level, so
+/// the results do not depend on it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FloatLevel {
     /// AVX-512F, with AVX2 and FMA (the loops on 512-bit registers).
     Avx512,
-    /// AVX2 and FMA (every AVX2 CPU but a few early ones has FMA: the loops' `mul_add` is
-    /// one instruction there).
+    /// AVX2 and FMA (every AVX2 CPU but a few early ones has FMA; the cached attention's
+    /// copies are compiled with it, so that its fused multiply-adds are single instructions).
     Avx2,
     /// Plain Rust (any CPU).
     Portable,
@@ -416,6 +418,9 @@ mod tests {
         assert_eq!(DotLevel::best(Features::default()), DotLevel::Portable);
         assert_eq!(FloatLevel::best(all), FloatLevel::Avx512);
         assert_eq!(DotLevel::best(all), DotLevel::Avx512Vnni);
+        // The float levels' copies use fused multiply-adds: without FMA, the portable loops.
+        let no_fma = Features { fma: false, ..all };
+        assert_eq!(FloatLevel::best(no_fma), FloatLevel::Portable);
         // Alder Lake: AVX-VNNI without AVX-512.
         let alder = Features {
             avx512f: false,

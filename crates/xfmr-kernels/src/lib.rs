@@ -25,9 +25,9 @@
 //! - [`quant`]: ggml's quantised block formats, their dequantisation, and matrix products on
 //!   the blocks with `i8`-quantised activations (llama.cpp's scheme);
 //! - [`cpu`]: the CPU feature probe, run once, and the levels every kernel with SIMD copies
-//!   dispatches on with one `match` ([`cpu::FloatLevel`]: AVX-512F / AVX2 / portable for the
-//!   `f32` loops; [`cpu::DotLevel`]: AVX-512 VNNI / AVX-VNNI / AVX2 / portable for the
-//!   quantised products; [`cpu::Bf16Level`]: AMX / AVX-512 BF16 / portable for [`bf16`]).
+//!   dispatches on with one `match` ([`cpu::FloatLevel`]: AVX-512F / AVX2, each with FMA /
+//!   portable for the `f32` loops; [`cpu::DotLevel`]: AVX-512 VNNI / AVX-VNNI / AVX2 /
+//!   portable for the quantised products; [`cpu::Bf16Level`]: AMX / AVX-512 BF16 / portable for [`bf16`]).
 //!
 //! **The glue to burn's flex backend** (feature `flex`, which turns on burn with its `flex` and
 //! `autodiff` features; `src/flex/`): `attention` (the whole of `softmax(QKᵀ·s + M + A) V` per

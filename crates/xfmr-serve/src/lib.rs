@@ -136,7 +136,8 @@ pub struct ServeConfig {
     pub idle_timeout: Duration,
     /// Bytes of earlier prompts' keys and values kept for later requests that begin the same
     /// way ([`xfmr_llm::quantized::PrefixCache`]; 0 keeps none). SmolLM2-135M's take 45 KiB
-    /// per token.
+    /// per token, and up to 15 tokens' keys more per sequence (its keys are kept in whole
+    /// blocks of 16 positions).
     pub prefix_cache_bytes: usize,
     /// The length penalty α of translations' beam search (GNMT's; the paper's 0.6 by default).
     /// `xfmr serve` sets the one chosen for the run on its validation split

@@ -9,7 +9,7 @@ use super::{CachedHead, KEY_BLOCK};
 /// [`push`](Self::push)es each new position's key and value.
 ///
 /// The keys always hold whole blocks (`⌈len/16⌉·16·d_k` floats; the lanes of the last block
-/// past `len` are zeros or earlier keys, never read into a result).
+/// past `len` are zeros, so that two caches of the same positions are equal).
 ///
 /// ```
 /// use xfmr_kernels::{attend_cached, HeadCache};
@@ -120,6 +120,18 @@ impl HeadCache {
             self.keys
                 .truncate(len.div_ceil(KEY_BLOCK) * KEY_BLOCK * self.d_k);
             self.values.truncate(len * self.d_k);
+            self.zero_tail();
+        }
+    }
+
+    /// Zeros the lanes of the last block past `len` (the keys of dropped positions).
+    fn zero_tail(&mut self) {
+        let lane = self.len % KEY_BLOCK;
+        if lane > 0 {
+            let block = self.len / KEY_BLOCK * KEY_BLOCK * self.d_k;
+            for row in self.keys[block..].chunks_exact_mut(KEY_BLOCK) {
+                row[lane..].fill(0.0);
+            }
         }
     }
 
@@ -138,6 +150,7 @@ impl HeadCache {
         self.values.clear();
         self.values.extend_from_slice(&other.values[..len * d_k]);
         self.len = len;
+        self.zero_tail();
     }
 
     /// Position `t`'s key (gathered from its block).

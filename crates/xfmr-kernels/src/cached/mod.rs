@@ -27,8 +27,8 @@
 //! fused multiply-add chain over positions in order from zero. The exponentials are
 //! [`exp_shifted`]'s. Compiled for AVX-512 or AVX2 (with FMA) when the CPU has it (the
 //! [`FloatLevel`] probed at run time); the portable copy's `mul_add` is the same fused
-//! operation (one instruction on every CPU with FMA, a library call elsewhere), so the result
-//! does not depend on the CPU.
+//! operation (a library call where the portable copy runs on x86, a CPU without AVX2 and FMA;
+//! one instruction on AArch64), so the result does not depend on the CPU.
 
 mod head;
 mod scores;

@@ -124,6 +124,55 @@ fn attend_cached_is_the_same_on_every_path() {
     }
 }
 
+/// The levels agree bit for bit on every tile (1–4 heads, and 5 as a tile of 4 and one of 1),
+/// odd widths (the last key row on the even chain) and widths past 64 columns of values, and
+/// partial last blocks.
+#[test]
+fn attend_cached_is_the_same_on_every_path_for_every_tile_and_width() {
+    for (group, d_k, len) in [(1, 3, 17), (2, 5, 9), (4, 65, 33), (5, 64, 20), (2, 88, 16)] {
+        let cache = random_cache(d_k, len, 9);
+        let queries = values(group * d_k, 10);
+        let view = cache.view(len);
+        let (mut want_s, mut want_o) = (Vec::new(), vec![0.0; group * d_k]);
+        attend_with(
+            FloatLevel::Portable,
+            &queries,
+            view,
+            0.3,
+            &mut want_s,
+            Some(&mut want_o),
+        );
+        for level in FloatLevel::ALL.into_iter().filter(|l| l.available()) {
+            let (mut s, mut o) = (Vec::new(), vec![0.0; group * d_k]);
+            attend_on(level, &queries, view, 0.3, &mut s, Some(&mut o));
+            let case = format!("{level:?}, group {group}, d_k {d_k}, len {len}");
+            assert_eq!(s, want_s, "{case}");
+            assert_eq!(o, want_o, "{case}");
+        }
+    }
+}
+
+/// The lanes of the last block past `len` are never part of a result: NaN there changes
+/// nothing (the view of the first 20 of 32 positions, the other 12 keys NaN, against the
+/// first 20 alone).
+#[test]
+fn attend_cached_ignores_the_lanes_past_len() {
+    let (group, d_k) = (3, 8);
+    let clean = random_cache(d_k, 20, 11);
+    let mut poisoned = clean.clone();
+    for _ in 20..32 {
+        poisoned.push(&[f32::NAN; 8], &[f32::NAN; 8]);
+    }
+    let queries = values(group * d_k, 12);
+    let (mut s1, mut s2) = (Vec::new(), Vec::new());
+    let (mut o1, mut o2) = (vec![0.0; group * d_k], vec![0.0; group * d_k]);
+    attend_cached(&queries, clean.view(20), 0.5, &mut s1, &mut o1);
+    attend_cached(&queries, poisoned.view(20), 0.5, &mut s2, &mut o2);
+    assert_eq!(s1, s2);
+    assert_eq!(o1, o2);
+    assert!(o1.iter().all(|v| v.is_finite()));
+}
+
 /// A cache shorter than the head claims is refused before anything is read.
 #[test]
 #[should_panic(expected = "positions need")]
@@ -169,6 +218,18 @@ fn head_cache_keeps_positions_across_blocks() {
         prefix.push(&keys[t * d_k..][..d_k], &vals[t * d_k..][..d_k]);
     }
     assert_eq!(prefix, cache);
+    // Truncated inside a block (its dropped lanes zeroed), then fed again: equal to a cache
+    // fed those positions alone.
+    let mut short = cache.clone();
+    short.truncate(20);
+    let mut fresh = HeadCache::with_capacity(d_k, 40);
+    for t in 0..20 {
+        fresh.push(&keys[t * d_k..][..d_k], &vals[t * d_k..][..d_k]);
+    }
+    assert_eq!(short, fresh);
+    let mut restored = HeadCache::with_capacity(d_k, 40);
+    restored.copy_prefix(&cache, 20);
+    assert_eq!(restored, fresh);
     let mut cut = cache.copy_reserved();
     assert_eq!(cut.capacity(), capacity);
     cut.truncate(16);

@@ -91,8 +91,8 @@ impl PrefixCache {
     /// Returns how many positions were reused: feed `&prompt[reused..]` next.
     ///
     /// A cache that is not empty is left alone (0). One `PrefixCache` serves one model: kept
-    /// sequences with another number of layers are passed over, but rows of another width are
-    /// not detected.
+    /// sequences with another number of layers and heads or another head width are passed
+    /// over.
     ///
     /// [`QuantizedLlama::sequence`]: super::QuantizedLlama::sequence
     pub fn restore(&mut self, prompt: &[u32], cache: &mut SequenceCache) -> usize {
@@ -103,7 +103,10 @@ impl PrefixCache {
         let best = self
             .entries
             .iter_mut()
-            .filter(|e| e.heads.len() == cache.heads.len())
+            .filter(|e| {
+                let width = |heads: &[HeadCache]| heads.first().map(HeadCache::d_k);
+                e.heads.len() == cache.heads.len() && width(&e.heads) == width(&cache.heads)
+            })
             .map(|e| {
                 let shared = e
                     .tokens

@@ -18,6 +18,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 use xfmr_kernels::quant::interleave::interleavable;
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix, Sub32};
+use xfmr_kernels::KEY_BLOCK;
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter};
 use xfmr_llm::quantized::{Activations, PrefixCache, Scratch};
 use xfmr_llm::{LanguageModel, QuantizedLinear, QuantizedLlama};
@@ -584,8 +585,12 @@ fn prefix_cache_restores_shared_prefixes_as_if_fed() {
     assert_eq!((reused, none.len()), (0, 0), "a budget of 0 keeps nothing");
     let (want_b, _) = logits_after(&q, &mut none, &b);
 
-    let entry =
-        |n: usize| n * q.config.n_layers * 2 * q.config.n_kv_heads * q.config.d_k() * 4 + n * 4;
+    // Per layer and key/value head: the keys in whole blocks of `KEY_BLOCK` positions, the
+    // values by position; four bytes a float, four a token.
+    let entry = |n: usize| {
+        let floats = n.div_ceil(KEY_BLOCK) * KEY_BLOCK + n;
+        floats * q.config.n_layers * q.config.n_kv_heads * q.config.d_k() * 4 + n * 4
+    };
     let mut prefixes = PrefixCache::new(2 * entry(b.len()));
     let (got_a, reused) = logits_after(&q, &mut prefixes, &a);
     assert_eq!(reused, 0, "nothing kept yet");

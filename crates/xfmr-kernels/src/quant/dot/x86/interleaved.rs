@@ -17,9 +17,9 @@ use crate::quant::interleave::GROUP;
 /// the next groups (the next tasks, which rayon runs mostly on the same thread). Decoding
 /// streams ~100 MB of weights per step from memory: without the hints the loads waited
 /// for memory and the arithmetic waited for the loads (eight rows of `[3072, 576]` `Q4_1` over
-/// 64 matrices, 116 µs; with them 71 µs, as fast as from the cache; one row 46 → 29 µs;
-/// `benches/quant.rs`' `streamed` cases, Intel Xeon, 2026-12-05). 2, 3 and 4 KiB measured
-/// alike; 1 KiB was too near.
+/// 64 matrices, 116 µs; with them 70–71 µs, within 12% of the same product from the cache,
+/// 62.6 µs; one row 46 → 29–33 µs; `benches/quant.rs`' `streamed` cases, Intel Xeon,
+/// 2026-12-05). 2, 3 and 4 KiB measured alike; 1 KiB was too near, 8 KiB too far.
 const PREFETCH_AHEAD: usize = 3072;
 
 /// `vpshufb` controls that put byte `j` of each dword into all four of its bytes (`SPREAD[j]`,
