@@ -8,6 +8,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use super::prefetch;
 use crate::quant::dot::ActBlock;
 use crate::quant::formats::BlockFormat;
 use crate::quant::interleave::GROUP;
@@ -85,12 +86,9 @@ pub(in crate::quant::dot) unsafe fn group_avx512vnni<const R: usize>(
     };
     for i in 0..nb {
         let t = tiles[i * tile..(i + 1) * tile].as_ptr();
-        // Hints for the tile `PREFETCH_AHEAD` bytes on, one per cache line (an address past
-        // the matrix's end is never read: a prefetch does not fault).
-        let ahead = t.wrapping_add(PREFETCH_AHEAD);
-        for line in (0..tile).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line).cast());
-        }
+        // The tile `PREFETCH_AHEAD` bytes on (past the matrix's end for the last groups: a
+        // hint, never read).
+        prefetch(t.wrapping_add(PREFETCH_AHEAD), tile);
         // SAFETY (all loads below): `t` starts a tile of `tile` bytes, in bounds (the slice
         // above); the 32-byte header loads at offsets 0 and 32, the 64-byte quant loads at
         // `head + 64k`, `k < (block_bytes − head/16)/4`, end within `tile`.

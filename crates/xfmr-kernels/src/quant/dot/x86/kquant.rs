@@ -19,7 +19,7 @@ use std::arch::x86::*;
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use super::{half, hsum};
+use super::{half, hsum, prefetch};
 use crate::quant::dot::{ActBlock, PanelBlock, PANEL};
 use crate::quant::formats::{scale_min_k4, BlockFormat};
 
@@ -124,10 +124,7 @@ macro_rules! ktile_body {
                 // The same block of the row `R` rows on (the next tile's, when the rows lie
                 // one after another as ggml stores them), hinted as `group_avx512vnni` hints
                 // its next tiles (a hint: never read, so any address will do).
-                let next = block.as_ptr().wrapping_add(R * row_bytes);
-                for line in (0..size).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line).cast());
-                }
+                prefetch(block.as_ptr().wrapping_add(R * row_bytes), size);
                 let decoded = decode(format, block);
                 for s in 0..SUBS {
                     let q = quants(format, block, s);

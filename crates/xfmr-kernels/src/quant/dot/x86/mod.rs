@@ -31,6 +31,18 @@ pub(super) use kquant::{
 };
 pub(super) use panel::{panel_avx2, panel_avx512vnni, panel_avxvnni};
 
+/// Prefetch hints for the `bytes` bytes from `at`, one per cache line: the weights a kernel
+/// reads next, asked for while it multiplies the ones it has. Only a hint: the address is
+/// never dereferenced and may lie past any allocation (a prefetch does not fault). Compiled
+/// for SSE, which every caller's features include, so that it is safe to call from them.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch(at: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line).cast());
+    }
+}
+
 /// The little-endian `f16` of two bytes (F16C).
 #[inline(always)]
 unsafe fn half(lo: u8, hi: u8) -> f32 {
