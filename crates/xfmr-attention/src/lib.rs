@@ -62,7 +62,7 @@ mod sdpa;
 mod torch;
 
 pub use cache::{KvCache, ProjectedMemory};
-pub use dropout::dropout;
+pub use dropout::{dropout, with_dropout_seed};
 pub use error::{AttentionError, InvalidConfig};
 pub use input::MhaInput;
 pub use mask::AttnMask;

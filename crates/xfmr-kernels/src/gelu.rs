@@ -2,6 +2,8 @@
 //! [`gelu_backward_in_place`]): burn computes GELU with one scalar libm `erff` call per
 //! element, and under autodiff composes its gradient from several whole-tensor passes.
 
+use std::mem::MaybeUninit;
+
 use crate::cpu::FloatLevel;
 use crate::exp::exp_nonpositive;
 
@@ -49,6 +51,52 @@ fn gelu_avx2(values: &mut [f32]) {
 fn gelu_portable(values: &mut [f32]) {
     for v in values {
         *v = gelu_scalar(*v);
+    }
+}
+
+/// [`gelu_in_place`] from `src` into `dst`, which need not be initialised: **writes every
+/// element of `dst`** (a new buffer is then neither zeroed nor a copy of `src` first, two
+/// passes over megabytes saved in a training step's forward).
+///
+/// # Panics
+/// If `src` and `dst` differ in length.
+pub(crate) fn gelu_into(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    gelu_into_on(FloatLevel::detect(), src, dst);
+}
+
+/// [`gelu_into`] on `level`, which must be available (asserted in all builds).
+#[allow(unsafe_code)]
+fn gelu_into_on(level: FloatLevel, src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    assert_eq!(src.len(), dst.len(), "gelu_into: lengths differ");
+    level.assert_available();
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level is available (asserted above): the CPU has AVX-512F, the only
+        // feature the copy is compiled for.
+        FloatLevel::Avx512 => unsafe { gelu_into_avx512(src, dst) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, AVX2.
+        FloatLevel::Avx2 => unsafe { gelu_into_avx2(src, dst) },
+        _ => gelu_into_portable(src, dst),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gelu_into_avx512(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    gelu_into_portable(src, dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn gelu_into_avx2(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    gelu_into_portable(src, dst);
+}
+
+#[inline(always)]
+fn gelu_into_portable(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
+    for (d, &x) in dst.iter_mut().zip(src) {
+        d.write(gelu_scalar(x));
     }
 }
 
@@ -203,6 +251,37 @@ mod tests {
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{level:?}"
             );
+        }
+    }
+
+    /// `gelu_into` writes every element of an uninitialised buffer with `gelu_in_place`'s
+    /// values bit for bit, on every level this CPU has (a tail past the last 16 lanes, ±0,
+    /// ±∞, subnormals).
+    #[test]
+    fn gelu_into_equals_gelu_in_place_on_every_path() {
+        let mut xs: Vec<f32> = (0..1_003).map(|i| (i as f32 - 501.0) * 0.0173).collect();
+        xs.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, 1e-40, -1e-40]);
+        for level in FloatLevel::ALL {
+            if !level.available() {
+                eprintln!("gelu_into: this CPU has no {level:?}, its path is not compared");
+                continue;
+            }
+            let mut want = xs.clone();
+            gelu_on(level, &mut want);
+            // Started from a sentinel rather than `uninit()`, so that a missed element would
+            // fail the comparison rather than be read uninitialised.
+            let mut buffer = vec![MaybeUninit::new(f32::from_bits(0x7fc0_dead)); xs.len()];
+            gelu_into_on(level, &xs, &mut buffer);
+            let got: Vec<u32> = buffer
+                .iter()
+                .map(|v| {
+                    #[allow(unsafe_code)]
+                    // SAFETY: `gelu_into_on` wrote every element of `buffer`.
+                    unsafe { v.assume_init_read() }.to_bits()
+                })
+                .collect();
+            let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{level:?}");
         }
     }
 

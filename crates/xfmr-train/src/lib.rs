@@ -41,7 +41,7 @@ pub mod trainer;
 
 pub use distributed::{DataParallel, DataParallelConfig};
 pub use objective::{encode_pairs, CausalLm, Example, MaskedLm, Objective, Translation};
-pub use replicas::{local_devices, open_replicas, run_replicas};
+pub use replicas::{local_devices, open_replicas, replica_threads, run_replicas};
 pub use run_dir::RunDir;
 pub use spec::{Preset, RunSpec, Task};
 pub use trainer::{

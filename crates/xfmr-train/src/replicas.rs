@@ -103,15 +103,22 @@ where
         .collect()
 }
 
-/// Runs this process's replicas ([`Trainer::run`]), replica `i` with `observers[i]`, the first on
-/// this thread and the others on their own. With `data_parallel`, replica `i` first joins the
-/// run as this process's device `i` and checks every `(value, what)` of `agreements` against the
-/// other replicas (the vocabulary's fingerprint, say); without it, `trainers` holds one trainer,
-/// which trains alone.
+/// Runs this process's replicas ([`Trainer::run`]), replica `i` with `observers[i]`, each on a
+/// thread of its own. With `data_parallel`, replica `i` first joins the run as this process's
+/// device `i` and checks every `(value, what)` of `agreements` against the other replicas (the
+/// vocabulary's fingerprint, say); without it, `trainers` holds one trainer, which trains alone
+/// on the calling thread.
 ///
 /// A replica that fails while the others may be waiting for it in a collective operation calls
 /// `on_failure` at once (a program may end the process there, rather than let the others wait
 /// out their timeout); its error is returned when every thread has ended.
+///
+/// Several replicas each run in a rayon pool of their own, of [`replica_threads`] threads, so
+/// that the host kernels a replica calls run on its own threads: on the global pool, every
+/// parallel region of a replica's step was handed to the pool's workers and its thread put to
+/// sleep until they finished, two context switches per region and the replicas' regions
+/// queued behind each other (7% of a two-replica lm step's samples in the kernel's scheduler
+/// on two cores, docs/training.md). One replica runs on the global pool.
 ///
 /// Returns the first replica's summary (the leader's on node 0).
 ///
@@ -158,15 +165,33 @@ where
         }
         result
     };
+    let trainers_len = trainers.len();
+    let threads = replica_threads(trainers_len);
+    // Replica `i` on a pool of its own (several replicas), else on the caller's.
+    let run_pooled =
+        |index: usize, trainer: Trainer<B, O>, observer: &mut (dyn Observer + Send)| {
+            let pool = (trainers_len > 1).then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(move |t| format!("xfmr-replica-{index}-{t}"))
+                    .build()
+            });
+            match pool {
+                Some(Ok(pool)) => pool.install(|| run_one(index, trainer, observer)),
+                // A pool that cannot start (no threads left): the global one, as one replica.
+                Some(Err(_)) | None => run_one(index, trainer, observer),
+            }
+        };
     thread::scope(|scope| {
         let mut replicas = trainers.into_iter().zip(observers).enumerate();
         let (_, (first, first_observer)) = replicas.next().expect("at least one replica");
         let others: Vec<_> = replicas
             .map(|(index, (trainer, observer))| {
-                scope.spawn(move || run_one(index, trainer, observer))
+                let run_pooled = &run_pooled;
+                scope.spawn(move || run_pooled(index, trainer, observer))
             })
             .collect();
-        let summary = run_one(0, first, first_observer);
+        let summary = run_pooled(0, first, first_observer);
         let mut failure = summary.as_ref().err().map(ToString::to_string);
         for other in others {
             match other.join() {
@@ -181,4 +206,10 @@ where
             (Ok(_), Some(problem)) => Err(TrainError::Replica(problem)),
         }
     })
+}
+
+/// The threads of each replica's pool when `replicas` share this process: the global rayon
+/// pool's threads (`RAYON_NUM_THREADS`, else one per core) shared out, at least one each.
+pub fn replica_threads(replicas: usize) -> usize {
+    (rayon::current_num_threads() / replicas.max(1)).max(1)
 }

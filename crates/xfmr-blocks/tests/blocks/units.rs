@@ -3,8 +3,8 @@
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
 use xfmr_blocks::{
-    Activation, BlockError, FeedForwardConfig, LayerConfig, NormConfig, NormKind, PositionEncoding,
-    StackConfig, StateDict, TokenEmbeddingConfig,
+    add_positions, Activation, BlockError, FeedForwardConfig, LayerConfig, NormConfig, NormKind,
+    PositionEncoding, StackConfig, StateDict, TokenEmbeddingConfig,
 };
 use xfmr_testing::{assert_uniform, linear_values, max_abs_diff, TestRng};
 
@@ -509,6 +509,63 @@ fn dropout_on_autodiff_flex_takes_xfmr_mask() {
     assert_eq!(kept, xs, "dropout 0 changed the tensor");
 }
 
+/// Inside `xfmr_attention::with_dropout_seed` the masks of `Autodiff<Flex>` come from the
+/// calling thread's own stream: two threads given one seed draw the same three masks while a
+/// third reseeds and draws from flex's one generator meanwhile (what two replicas of a run on
+/// one CPU do); successive masks of a stream differ, another seed gives others, and a
+/// nested call's stream ends with it.
+#[cfg(feature = "flex")]
+#[test]
+fn dropout_seed_stream_is_the_threads_own() {
+    use burn::backend::{Autodiff, Flex};
+    use burn::nn::DropoutConfig;
+    use burn::tensor::backend::Backend;
+    use burn::tensor::Distribution;
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    let d = DropoutConfig::new(0.5).init();
+    let ones = || Tensor::<B, 1>::ones([4096], &device);
+    let masks = |seed: u64| -> Vec<Vec<f32>> {
+        xfmr_attention::with_dropout_seed(seed, || {
+            (0..3)
+                .map(|_| {
+                    let y = xfmr_blocks::dropout(&d, ones());
+                    y.into_data().to_vec::<f32>().unwrap()
+                })
+                .collect()
+        })
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| masks(7));
+        let b = s.spawn(|| masks(7));
+        s.spawn(|| {
+            for i in 0..200 {
+                B::seed(&device, i);
+                let _ = Tensor::<B, 1>::random([64], Distribution::Default, &device).into_data();
+            }
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(a, b, "one seed, two threads, other masks");
+    assert_ne!(a[0], a[1], "a stream repeated its mask");
+    assert_ne!(masks(8), a, "two seeds give the same masks");
+    // A nested stream ends with its call: the outer one goes on where it was.
+    let resumed: Vec<Vec<f32>> = xfmr_attention::with_dropout_seed(7, || {
+        let first = xfmr_blocks::dropout(&d, ones());
+        xfmr_attention::with_dropout_seed(9, || xfmr_blocks::dropout(&d, ones()));
+        let second = xfmr_blocks::dropout(&d, ones());
+        [first, second]
+            .into_iter()
+            .map(|y| y.into_data().to_vec::<f32>().unwrap())
+            .collect()
+    });
+    assert_eq!(
+        resumed,
+        a[..2],
+        "the nested stream did not restore the outer one"
+    );
+}
+
 /// Damaged safetensors bytes are `BlockError::Read`, never a panic: the file cut at every
 /// length, its header's length field lying (past the end, `u64::MAX`), every header byte
 /// inverted (an error or a dictionary, not a panic); through `from_file` the error names the
@@ -581,5 +638,49 @@ fn ffn_initialisation_is_nn_linears() {
             "{name}: a bias outside ±{bound}"
         );
         assert!(bias.iter().any(|&b| b != 0.0), "{name}: bias all zero");
+    }
+}
+
+/// `add_positions` adds the vectors of positions `offset..offset + seq` to every sequence of
+/// the batch: each element equals `x + table[offset + t]` (one `f32` sum, so exactly), for
+/// the sinusoids and a learned table, at offsets 0 and 3.
+#[test]
+fn add_positions_adds_each_position_to_every_sequence() {
+    let device = Default::default();
+    let (batch, seq, d_model, max_len) = (3, 5, 8, 16);
+    let x = Tensor::<Cpu, 3>::from_data(
+        TensorData::new(
+            (0..batch * seq * d_model)
+                .map(|i| (i as f32 * 0.37).sin())
+                .collect::<Vec<f32>>(),
+            [batch, seq, d_model],
+        ),
+        &device,
+    );
+    for scheme in [PositionEncoding::Sinusoidal, PositionEncoding::Learned] {
+        let positions = scheme
+            .init_input::<Cpu>(max_len, d_model, &device)
+            .unwrap()
+            .unwrap();
+        for offset in [0, 3] {
+            let table: Vec<f32> = positions
+                .range(seq, offset)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            let got: Vec<f32> = add_positions(Some(&positions), x.clone(), offset)
+                .unwrap()
+                .into_data()
+                .to_vec()
+                .unwrap();
+            let xs: Vec<f32> = x.clone().into_data().to_vec().unwrap();
+            let want: Vec<f32> = xs
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v + table[i % (seq * d_model)])
+                .collect();
+            assert_eq!(got, want, "{scheme:?} at offset {offset}");
+        }
     }
 }

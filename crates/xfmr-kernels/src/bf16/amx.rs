@@ -7,6 +7,7 @@
 //! (`cpu.rs`).
 
 use std::arch::asm;
+use std::mem::MaybeUninit;
 
 use super::{Block, TILE_N};
 
@@ -36,7 +37,7 @@ const CONFIG: TileConfig = {
 /// ([`Bf16Level::Amx`](crate::cpu::Bf16Level::Amx) is available); `block.check(BLOCK_M, c,
 /// ldc)` holds (`block_on` asserts it): every load and store below stays inside it.
 #[allow(unsafe_code)]
-pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
+pub(super) unsafe fn block(block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: usize) {
     let (a, width, w) = (block.a, block.width, block.w);
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
     for pair in 0..block.tiles / 2 {
@@ -50,7 +51,7 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
         // The four 16×16 tiles of sums: rows 0–15 (from `c0`) and 16–31 (from `c1`), columns
         // 32·pair + 0–15 and, 64 bytes on, 16–31. (Displacements rather than registers: the
         // block uses twelve general registers, which a frame pointer leaves room for.)
-        let c0 = c.as_mut_ptr().add(2 * pair * TILE_N);
+        let c0 = c.as_mut_ptr().cast::<f32>().add(2 * pair * TILE_N);
         let c1 = c0.add(16 * ldc);
         asm!(
             "tileloadd tmm0, [{s0} + {zero}*1]",

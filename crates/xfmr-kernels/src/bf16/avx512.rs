@@ -5,7 +5,7 @@
 //! whose features include AVX-512 BF16 (`Amx` and `Avx512Bf16`).
 
 use std::arch::x86_64::*;
-use std::mem::transmute;
+use std::mem::{transmute, MaybeUninit};
 
 use super::{to_bf16, Block, CHUNK_K, TILE, TILE_N};
 
@@ -63,7 +63,7 @@ pub(super) unsafe fn pair_row(lo: &[f32], hi: &[f32], dst: &mut [u16; 2 * TILE_N
 /// (`block_on` asserts it): every load and store of `micro` stays inside it.
 #[allow(unsafe_code)]
 #[target_feature(enable = "avx512f,avx512bf16")]
-pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
+pub(super) unsafe fn block(block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: usize) {
     let (a, width, w) = (block.a, block.width, block.w);
     let (stride, chunks) = (w.chunks * TILE, w.chunks);
     let mut i = 0;
@@ -75,7 +75,7 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [f32], ldc: usize) {
             let a_rows = a.as_ptr().add(i * width);
             let b = w.column_tiles(block.t0 + t).as_ptr();
             let s = block.start.as_ptr().add(t * TILE_N);
-            let out = c.as_mut_ptr().add(i * ldc + t * TILE_N);
+            let out = c.as_mut_ptr().cast::<f32>().add(i * ldc + t * TILE_N);
             let rows = Rows {
                 a: a_rows,
                 width,

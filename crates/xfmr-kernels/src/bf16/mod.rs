@@ -25,6 +25,8 @@
 //! holding the pairs `(W[2r][j], W[2r+1][j])` for the tile's 16 columns `j` (Intel's "VNNI"
 //! layout of the second factor), the inner size padded to 32 and the columns to 32 with zeros.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use crate::cpu::Bf16Level;
@@ -33,8 +35,11 @@ use crate::cpu::Bf16Level;
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod strided;
 #[cfg(test)]
 mod tests;
+
+pub use strided::Strided;
 
 /// Output columns per tile.
 const TILE_N: usize = 16;
@@ -62,74 +67,6 @@ pub fn to_bf16(x: f32) -> u16 {
 #[inline]
 pub fn from_bf16(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
-}
-
-/// A read-only matrix in a slice: element `(i, j)` at `offset + i·row_stride + j·col_stride`
-/// (a burn tensor's layout, transposed views included).
-#[derive(Clone, Copy, Debug)]
-pub struct Strided<'a> {
-    /// The elements' buffer.
-    pub data: &'a [f32],
-    /// Where element `(0, 0)` is.
-    pub offset: usize,
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Elements from one row to the next.
-    pub row_stride: usize,
-    /// Elements from one column to the next.
-    pub col_stride: usize,
-}
-
-impl<'a> Strided<'a> {
-    /// A row-major `[rows, cols]` matrix filling `data`.
-    ///
-    /// # Panics
-    /// If `data.len() != rows · cols`.
-    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        assert_eq!(
-            data.len(),
-            rows * cols,
-            "Strided::row_major: not [rows, cols]"
-        );
-        Self {
-            data,
-            offset: 0,
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-        }
-    }
-
-    /// Panics unless every element is inside `data`.
-    fn check(&self) {
-        if self.rows > 0 && self.cols > 0 {
-            let last =
-                self.offset + (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride;
-            assert!(last < self.data.len(), "Strided: element past the buffer");
-        }
-    }
-
-    /// Element `(i, j)`.
-    pub(crate) fn get(&self, i: usize, j: usize) -> f32 {
-        self.data[self.offset + i * self.row_stride + j * self.col_stride]
-    }
-
-    /// Columns `j0..j0 + len` of row `i` as a slice, where its elements are adjacent (the
-    /// flex glue's backward products read their rows through it).
-    #[cfg_attr(not(feature = "flex"), allow(dead_code))]
-    pub(crate) fn row_part(&self, i: usize, j0: usize, len: usize) -> Option<&'a [f32]> {
-        let start = self.offset + i * self.row_stride + j0;
-        (self.col_stride == 1).then(|| &self.data[start..start + len])
-    }
-
-    /// Row `i` as a slice, where its elements are adjacent.
-    fn row(&self, i: usize) -> Option<&'a [f32]> {
-        let start = self.offset + i * self.row_stride;
-        (self.col_stride == 1).then(|| &self.data[start..start + self.cols])
-    }
 }
 
 /// A weight matrix `W` (`[k, n]`, as burn's `Linear` holds it) rounded to `bf16` and packed in
@@ -277,12 +214,44 @@ thread_local! {
 ///
 /// # Panics
 /// If the level is not available, or as [`matmul_bf16`].
+#[allow(unsafe_code)]
 pub fn matmul_bf16_on(
     level: Bf16Level,
     a: Strided<'_>,
     w: &PackedBf16,
     bias: Option<&[f32]>,
     out: &mut [f32],
+) {
+    // SAFETY: `matmul_bf16_into` writes only initialised `f32` through the view.
+    matmul_bf16_into(level, a, w, bias, unsafe { as_uninit(out) });
+}
+
+/// `out` as a slice of possibly uninitialised values, for a writer of initialised ones.
+///
+/// # Safety
+/// Nothing written through the result may be uninitialised (`MaybeUninit::uninit()`): `out`
+/// must hold initialised `f32` when the borrow ends.
+#[allow(unsafe_code)]
+unsafe fn as_uninit(out: &mut [f32]) -> &mut [MaybeUninit<f32>] {
+    // SAFETY: `MaybeUninit<f32>` has `f32`'s size and alignment; the caller writes only
+    // initialised values (this function's contract).
+    unsafe { &mut *(std::ptr::from_mut(out) as *mut [MaybeUninit<f32>]) }
+}
+
+/// [`matmul_bf16_on`] into an output that need not be initialised (a vector's spare capacity,
+/// which spares the zeroing of a new buffer: `out` is `[m, n]`, thousands of rows in a
+/// training step). **Writes every element of `out`**, which callers rely on to mark a
+/// vector's spare capacity as initialised.
+///
+/// # Panics
+/// As [`matmul_bf16_on`].
+#[allow(unsafe_code)]
+pub fn matmul_bf16_into(
+    level: Bf16Level,
+    a: Strided<'_>,
+    w: &PackedBf16,
+    bias: Option<&[f32]>,
+    out: &mut [MaybeUninit<f32>],
 ) {
     level.assert_available();
     a.check();
@@ -297,9 +266,8 @@ pub fn matmul_bf16_on(
     }
     if k == 0 {
         for row in out.chunks_exact_mut(n) {
-            match bias {
-                Some(bias) => row.copy_from_slice(bias),
-                None => row.fill(0.0),
+            for (j, v) in row.iter_mut().enumerate() {
+                v.write(bias.map_or(0.0, |b| b[j]));
             }
         }
         return;
@@ -347,10 +315,19 @@ pub fn matmul_bf16_on(
                     if whole {
                         block_on(level, &block, &mut out_rows[bn * BLOCK_N..], n);
                     } else {
-                        block_on(level, &block, &mut scratch.sums, BLOCK_N);
+                        // SAFETY: `block_on` writes sums, initialised values.
+                        block_on(
+                            level,
+                            &block,
+                            unsafe { as_uninit(&mut scratch.sums) },
+                            BLOCK_N,
+                        );
                         for r in 0..rows {
-                            out_rows[r * n + bn * BLOCK_N..][..cols]
-                                .copy_from_slice(&scratch.sums[r * BLOCK_N..][..cols]);
+                            let sums = &scratch.sums[r * BLOCK_N..][..cols];
+                            let dst = &mut out_rows[r * n + bn * BLOCK_N..][..cols];
+                            for (d, s) in dst.iter_mut().zip(sums) {
+                                d.write(*s);
+                            }
                         }
                     }
                 }
@@ -416,7 +393,7 @@ impl Block<'_> {
     /// Panics unless the block's operands hold what the kernels read: `a` 32 rows of `width`
     /// (the weights' chunks × 32), the tiles inside `w`, `start` one value per column, and `c`
     /// `rows` rows (AMX: 32) of the block's columns `ldc` apart.
-    fn check(&self, rows: usize, c: &[f32], ldc: usize) {
+    fn check(&self, rows: usize, c: &[MaybeUninit<f32>], ldc: usize) {
         assert!(self.width == self.w.chunks * CHUNK_K && self.w.chunks > 0);
         assert!(self.a.len() >= BLOCK_M * self.width && self.rows <= BLOCK_M);
         assert!(self.tiles.is_multiple_of(2) && self.tiles * TILE_N <= BLOCK_N);
@@ -429,7 +406,7 @@ impl Block<'_> {
 /// One task's block of sums into `c`, row `r` at `c[r·ldc..]` (AMX writes all 32 rows, the
 /// other levels the block's `rows`).
 #[allow(unsafe_code)]
-fn block_on(level: Bf16Level, block: &Block<'_>, c: &mut [f32], ldc: usize) {
+fn block_on(level: Bf16Level, block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: usize) {
     level.assert_available();
     let rows = if level == Bf16Level::Amx {
         BLOCK_M
@@ -451,7 +428,7 @@ fn block_on(level: Bf16Level, block: &Block<'_>, c: &mut [f32], ldc: usize) {
 
 /// [`block_on`] in plain Rust: for each row and tile, the same pairs of exact products summed
 /// in `f32` as `vdpbf16ps` sums them (the second of a pair first, then the first).
-fn block_portable(block: &Block<'_>, c: &mut [f32], ldc: usize) {
+fn block_portable(block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: usize) {
     let Block {
         a,
         width,
@@ -478,7 +455,9 @@ fn block_portable(block: &Block<'_>, c: &mut [f32], ldc: usize) {
                     }
                 }
             }
-            c[i * ldc + t * TILE_N..][..TILE_N].copy_from_slice(&acc);
+            for (d, s) in c[i * ldc + t * TILE_N..][..TILE_N].iter_mut().zip(&acc) {
+                d.write(*s);
+            }
         }
     }
 }

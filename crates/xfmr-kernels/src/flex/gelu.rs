@@ -12,7 +12,7 @@ use burn::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 use super::{autodiff_primitive, contiguous, from_autodiff};
-use crate::gelu::{gelu_backward_in_place, gelu_in_place};
+use crate::gelu::{gelu_backward_in_place, gelu_in_place, gelu_into};
 
 /// Elements per parallel task.
 const CHUNK: usize = 16 * 1024;
@@ -61,8 +61,7 @@ pub fn gelu_autodiff<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D
     let tensor = autodiff_primitive(x);
     let input = contiguous(tensor.primitive.clone());
     let shape = input.layout().shape().clone();
-    let mut out = input.storage::<f32>().to_vec();
-    out.par_chunks_mut(CHUNK).for_each(gelu_in_place);
+    let out = gelu_of(input.storage::<f32>());
     let out = FlexTensor::from_data(TensorData::new(out, shape));
     let out = match GeluBackward
         .prepare::<NoCheckpointing>([tensor.node.clone()])
@@ -73,6 +72,21 @@ pub fn gelu_autodiff<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     from_autodiff(out)
+}
+
+/// GELU of `src` into a new buffer, in parallel chunks, written once (not zeroed, not a copy
+/// of `src` first).
+#[allow(unsafe_code)]
+fn gelu_of(src: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(src.len());
+    out.spare_capacity_mut()[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(dst, src)| gelu_into(src, dst));
+    // SAFETY: the chunks cover the first `src.len()` elements, and `gelu_into` writes every
+    // element of its chunk.
+    unsafe { out.set_len(src.len()) };
+    out
 }
 
 /// The operation's node in burn's graph; its state is the input `x`.

@@ -16,6 +16,8 @@
 //! is copied once, transposed in blocks, so that its rows are read as adjacent `f32`; `G` is
 //! packed as the second factor of `∂ℓ/∂W`.
 
+use std::mem::MaybeUninit;
+
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -27,7 +29,7 @@ use rayon::prelude::*;
 
 use super::linear::{matrix_view, strided};
 use super::{autodiff_primitive, contiguous, from_autodiff};
-use crate::bf16::{matmul_bf16_on, PackedBf16, Strided};
+use crate::bf16::{matmul_bf16_into, PackedBf16, Strided};
 use crate::cpu::Bf16Level;
 
 /// Columns of `a` per task of [`transpose`].
@@ -76,14 +78,15 @@ pub fn linear_bf16_autodiff<B: Backend, const D: usize>(
     let b_flex = bias.as_ref().map(|b| contiguous(b.primitive.clone()));
     let level = Bf16Level::detect();
     let packed = PackedBf16::pack_strided(strided(&w_flex, k, n));
-    let mut out = vec![0f32; m * n];
-    matmul_bf16_on(
-        level,
-        strided(&x_flex, m, k),
-        &packed,
-        b_flex.as_ref().map(|b| b.storage::<f32>()),
-        &mut out,
-    );
+    let out = product(m * n, |out| {
+        matmul_bf16_into(
+            level,
+            strided(&x_flex, m, k),
+            &packed,
+            b_flex.as_ref().map(|b| b.storage::<f32>()),
+            out,
+        );
+    });
     let mut shape = dims;
     shape[D - 1] = n;
     let out = FlexTensor::from_data(TensorData::new(out, shape));
@@ -159,21 +162,16 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
                 col_stride: w.row_stride,
                 ..w
             };
-            let mut dx = vec![0f32; m * k];
-            matmul_bf16_on(level, g, &PackedBf16::pack_strided(wt), None, &mut dx);
+            let wt = PackedBf16::pack_strided(wt);
+            let dx = product(m * k, |dx| matmul_bf16_into(level, g, &wt, None, dx));
             out[0] = Some(FlexTensor::from_data(TensorData::new(dx, x_shape)));
         }
         if wanted(1) {
             // ∂ℓ/∂W = Xᵀ·G: Xᵀ copied row-major (its rows are X's columns).
             let xt = transpose(strided(&x, m, k));
-            let mut dw = vec![0f32; k * n];
-            matmul_bf16_on(
-                level,
-                Strided::row_major(&xt, k, m),
-                &PackedBf16::pack_strided(g),
-                None,
-                &mut dw,
-            );
+            let g_packed = PackedBf16::pack_strided(g);
+            let xt = Strided::row_major(&xt, k, m);
+            let dw = product(k * n, |dw| matmul_bf16_into(level, xt, &g_packed, None, dw));
             out[1] = Some(FlexTensor::from_data(TensorData::new(dw, [k, n])));
         }
         if wanted(2) {
@@ -187,16 +185,33 @@ impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
     }
 }
 
+/// A new vector of `len` values written by `matmul`, a call of
+/// [`matmul_bf16_into`] (which writes every element of its output) on the vector's spare
+/// capacity: the buffer is not zeroed first. The zeroing of each new product was 3–5% of an lm
+/// training step's samples (docs/training.md): a written-once buffer of megabytes, zeroed
+/// in memory first.
+#[allow(unsafe_code)]
+fn product(len: usize, matmul: impl FnOnce(&mut [MaybeUninit<f32>])) -> Vec<f32> {
+    let mut out = Vec::with_capacity(len);
+    matmul(&mut out.spare_capacity_mut()[..len]);
+    // SAFETY: the closure is a call of `matmul_bf16_into` (this function's callers, all in
+    // this file), which writes every element of the slice it is given.
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// `a`'s transpose, row-major (`[a.cols, a.rows]`), in parallel over blocks of 32 of `a`'s
 /// columns: each block read 16 rows at a time into a small tile (adjacent reads) and written
 /// from it column by column (adjacent writes).
+#[allow(unsafe_code)]
 fn transpose(a: Strided<'_>) -> Vec<f32> {
     let (rows, cols) = (a.rows, a.cols);
-    let mut out = vec![0f32; rows * cols];
-    if rows == 0 {
+    let mut out = Vec::with_capacity(rows * cols);
+    if rows == 0 || cols == 0 {
         return out;
     }
-    out.par_chunks_mut(BLOCK * rows)
+    out.spare_capacity_mut()[..rows * cols]
+        .par_chunks_mut(BLOCK * rows)
         .enumerate()
         .for_each(|(jb, dst)| {
             let j0 = jb * BLOCK;
@@ -206,6 +221,11 @@ fn transpose(a: Strided<'_>) -> Vec<f32> {
                 let height = (rows - i0).min(TILE_ROWS);
                 for (r, line) in tile.iter_mut().enumerate().take(height) {
                     match a.row_part(i0 + r, j0, width) {
+                        // A whole block: a copy of known length, inlined (a call of `memcpy`
+                        // per 128 bytes was 4.5% of an lm step's samples).
+                        Some(src) if width == BLOCK => {
+                            *line = src.try_into().expect("a block of BLOCK columns");
+                        }
                         Some(src) => line[..width].copy_from_slice(src),
                         None => {
                             for (j, v) in line[..width].iter_mut().enumerate() {
@@ -217,11 +237,15 @@ fn transpose(a: Strided<'_>) -> Vec<f32> {
                 for j in 0..width {
                     let column = &mut dst[j * rows + i0..][..height];
                     for (r, v) in column.iter_mut().enumerate() {
-                        *v = tile[r][j];
+                        v.write(tile[r][j]);
                     }
                 }
             }
         });
+    // SAFETY: the chunks cover `rows · cols` elements, `width` columns of `rows` each, and
+    // every column `j < width` is written over rows `i0..i0 + height` for every `i0`, which
+    // cover `0..rows`.
+    unsafe { out.set_len(rows * cols) };
     out
 }
 
@@ -254,4 +278,42 @@ fn column_sums(g: Strided<'_>) -> Vec<f32> {
         }
     }
     sums
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `transpose` writes every element of its new buffer with `a`'s transpose, for shapes with
+    /// partial blocks of columns and partial tiles of rows, a view whose rows have a gap
+    /// between them (whole blocks read as one copy, the rest element by element), a
+    /// transposed view, and empty shapes.
+    #[test]
+    fn transpose_writes_every_element_of_the_transpose() {
+        for (rows, cols) in [(37, 70), (16, 32), (1, 1), (50, 64), (0, 5), (5, 0)] {
+            let gap = 3;
+            let buffer: Vec<f32> = (0..5 + rows * (cols + gap)).map(|i| i as f32).collect();
+            let at = |i: usize, j: usize| buffer[5 + i * (cols + gap) + j];
+            let gapped = Strided {
+                data: &buffer,
+                offset: 5,
+                rows,
+                cols,
+                row_stride: cols + gap,
+                col_stride: 1,
+            };
+            let want: Vec<f32> = (0..rows * cols).map(|t| at(t % rows, t / rows)).collect();
+            assert_eq!(transpose(gapped), want, "[{rows}, {cols}] with gaps");
+            // The same matrix through a transposed view of its transpose.
+            let flipped = Strided {
+                data: &want,
+                offset: 0,
+                rows,
+                cols,
+                row_stride: 1,
+                col_stride: rows,
+            };
+            assert_eq!(transpose(flipped), want, "[{rows}, {cols}] transposed view");
+        }
+    }
 }

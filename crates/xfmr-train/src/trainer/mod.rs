@@ -63,7 +63,7 @@ pub use batch::{evaluate_loss, EvalLoss};
 pub use config::{Decay, TrainConfig};
 pub use error::TrainError;
 pub use log::{read_metrics, MetricKind, MetricRecord, MetricsFormat, MetricsLog, TokenRate};
-use optim::{adam, step_seed};
+use optim::{adam, replica_step_seed, step_seed};
 pub use run::{Event, Observer, RunSummary, Silent, Stop, Tee};
 pub use store::{average_checkpoints, load_model, parameter_fingerprint, save_model};
 use store::{read_state, refuse_unlisted_files, OPTIMIZER_FILE, TRAINER_FILE};
@@ -422,23 +422,21 @@ where
                     .sum::<usize>()
             })
             .sum();
-        // Dropout draws from the backend's generator: reseeded per step, a resumed run draws
-        // what an uninterrupted one would. Data-parallel replicas draw their own masks (seeded by
-        // their index), not one pattern laid over every replica's rows; dropout masks are
-        // therefore not those of a single process (the tests compare with dropout off).
-        let replica = self
-            .data_parallel
-            .as_ref()
-            .map_or(0, |run| u64::from(run.replica()));
-        let seed = self.config.seed ^ replica.wrapping_mul(0xD6E8_FEB8_6659_FD93);
-        B::seed(&self.device, step_seed(seed, before.step));
+        // Dropout draws from the backend's generator, reseeded per step, and on the CPU from
+        // this thread's stream (`with_dropout_seed`, per micro-batch), so that replicas sharing
+        // one generator do not draw in turns the scheduler picks; a resumed run draws what an
+        // uninterrupted one would. Replicas draw their own masks (seeded by their index), so
+        // masks are not a single process's (the tests compare with dropout off).
+        let replica = self.data_parallel.as_ref().map_or(0, |run| run.replica());
+        let seed = replica_step_seed(self.config.seed, replica, before.step);
+        B::seed(&self.device, seed);
         let mut accumulator = GradientsAccumulator::<ModelOf<O, B>>::new();
         let (mut loss, mut nll, mut input_tokens) = (0.0, 0.0, 0.0);
         let replicas = self
             .data_parallel
             .as_ref()
             .map_or(1, |r| r.replicas() as usize);
-        for indices in &picked {
+        for (micro, indices) in picked.iter().enumerate() {
             let shape = shape_of(
                 &self.objective,
                 &self.examples,
@@ -458,9 +456,11 @@ where
             let model = self.model();
             let batch: Vec<&O::Example> = rows.iter().map(|&i| &self.examples[i]).collect();
             let draws = draws(&rows, self.config.seed);
-            let out = xfmr_attention::with_matmul_precision(self.config.precision(), || {
-                self.objective
-                    .loss(model, &batch, &draws, shape, &self.device)
+            let out = xfmr_attention::with_dropout_seed(step_seed(seed, micro), || {
+                xfmr_attention::with_matmul_precision(self.config.precision(), || {
+                    self.objective
+                        .loss(model, &batch, &draws, shape, &self.device)
+                })
             })?;
             input_tokens += out.input_tokens as f64 * scale;
             let weight = scale * out.loss.tokens as f64 / total.max(1) as f64;

@@ -50,3 +50,11 @@ pub(super) fn adam<B: AutodiffBackend, M: AutodiffModule<B>>(config: &TrainConfi
 pub(super) fn step_seed(seed: u64, step: usize) -> u64 {
     SplitMix64(seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).next()
 }
+
+/// The seed of replica `replica`'s step `step` (dropout's generator and streams, `try_step`).
+pub(super) fn replica_step_seed(seed: u64, replica: u32, step: usize) -> u64 {
+    step_seed(
+        seed ^ u64::from(replica).wrapping_mul(0xD6E8_FEB8_6659_FD93),
+        step,
+    )
+}

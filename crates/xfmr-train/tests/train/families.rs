@@ -506,6 +506,58 @@ fn objective_mlm_two_replicas_train_as_one() {
     );
 }
 
+/// Two replicas in one process on flex, with dropout on (0.1 everywhere, the lm recipe's):
+/// the run repeats bit for bit. Both replicas share flex's one generator; each draws its
+/// masks from its own thread's stream of seeds (`with_dropout_seed`), so the scheduler's
+/// interleaving of the two cannot change them, and each runs its kernels on a pool of its own.
+#[test]
+fn objective_lm_two_replicas_on_flex_repeat_with_dropout() {
+    use burn::backend::Flex;
+    type FlexTrain = Autodiff<Flex>;
+    let _guard = lock();
+    let device = Default::default();
+    let model = DecoderOnlyConfig::tiny(VOCAB)
+        .with_max_len(32)
+        .map_layer(|l| l.with_dropout(0.1).with_attention_dropout(0.1));
+    let objective = CausalLm::new(model, BOS, EOS);
+    let config = config().with_steps(6).with_checkpoint_every(3);
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str| {
+        let replicas = (0..2)
+            .map(|_| {
+                Trainer::<FlexTrain, CausalLm>::new(
+                    objective.clone(),
+                    config.clone(),
+                    counting(40, 21),
+                    &device,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let data_parallel = DataParallelConfig::new(1, 0, "127.0.0.1:1", "127.0.0.1", 2)
+            .with_devices(2)
+            .with_timeout(Duration::from_secs(120));
+        let (mut a, mut b) = (Silent, Silent);
+        let out = dir.path().join(name);
+        run_replicas(
+            replicas,
+            Some(&data_parallel),
+            &[],
+            &out,
+            &[],
+            vec![&mut a as &mut (dyn Observer + Send), &mut b],
+            &|e| panic!("a replica failed: {e}"),
+        )
+        .unwrap();
+        final_params::<CausalLm>(&out)
+    };
+    let (first, second) = (run("first"), run("second"));
+    assert!(
+        first == second,
+        "two runs of one seed trained different weights"
+    );
+}
+
 /// A wall-clock budget stops the run before its step budget, with a checkpoint of the last
 /// step and the final model; `Stop::Minutes` says why.
 #[test]

@@ -66,8 +66,9 @@ impl Session<'_> {
         let local = xfmr_train::local_devices::<B>(replicas)?;
         if local.shared {
             eprintln!(
-                "{replicas} replicas share {:?}, each on its own thread{}",
+                "{replicas} replicas share {:?}, each on its own {} thread(s){}",
                 local.devices[0],
+                xfmr_train::replica_threads(replicas as usize),
                 if self.cpu {
                     ""
                 } else {
