@@ -79,7 +79,8 @@ where
         .position(|id| *id == node)
         .expect("Node is in ring");
     let prev_node_idx = (send_slice_idx + ring.len() - 1) % ring.len(); // +ring.len for overflow
-    let prev_node = nodes.get(&ring[prev_node_idx]).unwrap();
+    // [xfmr patch] the previous node's id too, to name it when it is lost.
+    let prev_node = (ring[prev_node_idx], nodes.get(&ring[prev_node_idx]).unwrap());
     let mut transfer_counter: u64 = 0;
 
     // Phase 1: add
@@ -88,7 +89,7 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         true,
-        prev_node.clone(),
+        (prev_node.0, prev_node.1.clone()),
         &data_service,
         device,
     )
@@ -100,7 +101,7 @@ where
         &mut transfer_counter,
         &mut send_slice_idx,
         false,
-        prev_node.clone(),
+        (prev_node.0, prev_node.1.clone()),
         &data_service,
         device,
     )
@@ -119,6 +120,7 @@ where
 /// * `transfer_counter` - counter for each step (one send one receive)
 /// * `send_slice_idx` - counter for the index of each slice to send
 /// * `is_phase_one` - In phase 1, the tensors are aggregated. Otherwise, they are overridden
+/// * `prev_node` - The id and address of the node this one downloads from ([xfmr patch]: the id)
 /// * `data_service` - TensorDataService for peer-to-peer tensor transfers
 /// * `device` - The device on which all local tensors are stored. Should match `slices`
 async fn do_cycles<B, P>(
@@ -126,7 +128,7 @@ async fn do_cycles<B, P>(
     transfer_counter: &mut u64,
     send_slice_idx: &mut usize,
     is_phase_one: bool,
-    prev_node: Address,
+    prev_node: (NodeId, Address),
     data_service: &Arc<TensorDataService<B, P>>,
     device: &B::Device,
 ) -> Result<(), GlobalCollectiveError>
@@ -151,18 +153,20 @@ where
         };
         let download = {
             let data_client = data_service.clone();
-            let next_node = prev_node.clone();
+            let next_node = prev_node.1.clone();
             tokio::spawn(async move { data_client.download_tensor(next_node, transfer_id).await })
         };
 
         upload.await.unwrap();
         let download = download.await.unwrap();
+        // [xfmr patch] a peer that closed the connection (it died mid-transfer) is an error,
+        // as in `tree.rs`, not a panic of the runtime's worker.
+        let download = download.ok_or(GlobalCollectiveError::PeerLost(prev_node.0))?;
         if is_phase_one {
-            let download = download.expect("Peer closed download connection");
             let tensor = B::float_from_data(download, device);
             slices[recv_slice_idx] = B::float_add(slices[recv_slice_idx].clone(), tensor);
         } else {
-            let tensor = B::float_from_data(download.unwrap(), device);
+            let tensor = B::float_from_data(download, device);
             let old_shape = slices[recv_slice_idx].shape();
             if old_shape != tensor.shape() {
                 return Err(GlobalCollectiveError::PeerSentIncoherentTensor);
