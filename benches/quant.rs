@@ -16,7 +16,8 @@
 //!   row), one thread: the inner loop of decoding's attention, over a `HeadCache` (keys in
 //!   transposed blocks of 16 positions, values as rows; xfmr-llm's layout);
 //!   `streamed_per_head`: the same over every head of 30 layers in turn, so that each cache
-//!   comes from L3 or memory as in a decoding step.
+//!   comes from L3 or memory as in a decoding step; both with the cache in `f16` (the
+//!   default; group `cached attention`) and in `f32` (group `cached attention f32`).
 //!
 //! ```text
 //! RAYON_NUM_THREADS=2 cargo bench -p xfmr-kernels --bench quant
@@ -27,7 +28,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix};
-use xfmr_kernels::{attend_cached, HeadCache};
+use xfmr_kernels::{attend_cached, CachePrecision, HeadCache};
 
 /// xorshift64: reproducible bytes and values without a dependency.
 struct Rng(u64);
@@ -124,13 +125,19 @@ fn products(c: &mut Criterion) {
 }
 
 fn cached_attention(c: &mut Criterion) {
+    for precision in [CachePrecision::F16, CachePrecision::F32] {
+        cached_attention_in(c, precision);
+    }
+}
+
+fn cached_attention_in(c: &mut Criterion, precision: CachePrecision) {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let (group_heads, d_k, kv_heads, len, layers) = (3, 64, 3, 256, 30);
     let q: Vec<f32> = (0..group_heads * d_k).map(|_| rng.uniform()).collect();
     // One cache per layer and key/value head, as xfmr-llm keeps them.
     let heads: Vec<HeadCache> = (0..layers * kv_heads)
         .map(|_| {
-            let mut head = HeadCache::with_capacity(d_k, len);
+            let mut head = HeadCache::with_capacity(d_k, len, precision);
             for _ in 0..len {
                 let k: Vec<f32> = (0..d_k).map(|_| rng.uniform()).collect();
                 let v: Vec<f32> = (0..d_k).map(|_| rng.uniform()).collect();
@@ -140,7 +147,11 @@ fn cached_attention(c: &mut Criterion) {
         })
         .collect();
     let (mut scores, mut out) = (Vec::new(), vec![0f32; group_heads * d_k]);
-    let mut group = c.benchmark_group("cached attention");
+    let name = match precision {
+        CachePrecision::F16 => "cached attention",
+        CachePrecision::F32 => "cached attention f32",
+    };
+    let mut group = c.benchmark_group(name);
     // Multiply-adds: scores and weighted values.
     group.throughput(Throughput::Elements((2 * group_heads * d_k * len) as u64));
     // One head over and over: its cache stays in L1/L2.
@@ -148,8 +159,8 @@ fn cached_attention(c: &mut Criterion) {
         let one = heads[1].view(len);
         b.iter(|| attend_cached(&q, one, 0.125, &mut scores, &mut out));
     });
-    // Every head of 30 layers in turn (11.8 MB of keys and values, as a decoding step reads
-    // them): each call's cache comes from L3 or memory.
+    // Every head of 30 layers in turn (5.9 MB of keys and values in f16, 11.8 MB in f32, as a
+    // decoding step reads them): each call's cache comes from L3 or memory.
     let mut at = 0;
     group.bench_function("streamed_per_head", |b| {
         b.iter(|| {

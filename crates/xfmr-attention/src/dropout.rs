@@ -76,14 +76,12 @@ pub fn with_dropout_seed<R>(seed: u64, f: impl FnOnce() -> R) -> R {
 }
 
 /// The next seed of the calling thread's stream (SplitMix64), if [`with_dropout_seed`] set one.
-#[cfg_attr(not(feature = "flex"), allow(dead_code))]
+#[cfg(feature = "flex")]
 fn next_seed() -> Option<u64> {
     STREAM.with(|stream| {
-        let state = stream.get()?.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut state = stream.get()?;
+        let seed = xfmr_kernels::splitmix64(&mut state);
         stream.set(Some(state));
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Some(z ^ (z >> 31))
+        Some(seed)
     })
 }

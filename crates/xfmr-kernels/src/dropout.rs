@@ -48,7 +48,9 @@ fn dropout_mask_on(level: FloatLevel, len: usize, keep: f32, seed: u64) -> Vec<f
     mask.par_chunks_mut(CHUNK)
         .enumerate()
         .for_each(|(c, chunk)| {
-            let key = splitmix64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            // The first value of the SplitMix64 stream from this state.
+            let key =
+                crate::splitmix64(&mut (seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
             fill_on(level, chunk, key, threshold, scale);
         });
     mask
@@ -90,14 +92,6 @@ fn fill_portable(chunk: &mut [f32], key: u64, threshold: u32, scale: f32) {
         let kept = lowbias32(lowbias32(i as u32 ^ lo) ^ hi) >> 8 < threshold;
         *m = if kept { scale } else { 0.0 };
     }
-}
-
-/// SplitMix64's output function (Steele, Lea and Flood, 2014).
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// Chris Wellons' `lowbias32` integer hash (hash-prospector).

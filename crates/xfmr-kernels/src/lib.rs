@@ -73,7 +73,10 @@ mod norm_backward;
 pub mod quant;
 mod silu;
 
-pub use cached::{attend_cached, cached_probabilities, CachedHead, HeadCache, KEY_BLOCK};
+pub use cached::{
+    attend_cached, cached_probabilities, CacheElement, CachePrecision, CachedHead, HeadCache,
+    HeadView, KEY_BLOCK,
+};
 pub use dropout::dropout_mask;
 pub use exp::{exp_nonpositive, exp_shifted};
 #[cfg(feature = "flex")]
@@ -89,10 +92,17 @@ pub use norm::{norm_rows, RowNorm};
 pub use norm_backward::norm_rows_backward;
 pub use silu::silu_mul;
 
-/// The next value of a splitmix64 stream (Steele, Lea and Flood's mixer): the tests'
-/// deterministic random bits.
-#[cfg(test)]
-pub(crate) fn splitmix64(state: &mut u64) -> u64 {
+/// The next value of a SplitMix64 stream (Steele, Lea and Flood, 2014) whose state is `state`
+/// (advanced): the dropout masks' keys, the seeds of a thread's dropout stream
+/// (`xfmr_attention::with_dropout_seed`) and the tests' deterministic random bits.
+///
+/// ```
+/// let mut state = 7;
+/// let (a, b) = (xfmr_kernels::splitmix64(&mut state), xfmr_kernels::splitmix64(&mut state));
+/// assert_ne!(a, b);
+/// assert_eq!(state, 7u64.wrapping_add(0x9e37_79b9_7f4a_7c15u64.wrapping_mul(2)));
+/// ```
+pub fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -293,7 +293,9 @@ pub fn split(pairs: Vec<Pair>, valid: usize, test: usize, seed: u64) -> Result<S
     Ok(splits)
 }
 
-/// splitmix64: a tiny generator specified bit for bit, for reproducible splits and shuffles.
+/// splitmix64: a tiny generator specified bit for bit, for reproducible splits and shuffles
+/// (the stream of [`xfmr_kernels::splitmix64`], the workspace's one copy, whose state is the
+/// field).
 #[derive(Debug, Clone)]
 pub struct SplitMix64(pub u64);
 
@@ -301,10 +303,6 @@ impl SplitMix64 {
     /// The next 64 random bits.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        xfmr_kernels::splitmix64(&mut self.0)
     }
 }

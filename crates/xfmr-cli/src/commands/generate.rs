@@ -9,6 +9,7 @@ use anyhow::Result;
 
 use xfmr::burn::tensor::backend::Backend;
 use xfmr::models::{DecoderOnly, DecoderOnlyConfig, GenerationOptions, SampleOptions, Strategy};
+use xfmr_llm::quantized::CachePrecision;
 use xfmr_llm::{LanguageModel, LmWeights, Message, WeightFormat};
 use xfmr_train::inference::continue_text;
 use xfmr_train::Task;
@@ -63,6 +64,11 @@ pub struct Args {
     /// into xfmr's decoder-only model on the backend (the default on wgpu).
     #[arg(long, value_enum)]
     pub weights: Option<Weights>,
+    /// What the quantised model's key/value cache keeps its elements in: `f16` (the default,
+    /// as llama.cpp's: half the memory and the bytes attention reads) or `f32` (attention in
+    /// `f32` throughout). burn's `f32` model (`--weights f32`) always caches `f32`.
+    #[arg(long, value_enum, default_value = "f16")]
+    pub cache_type: CacheType,
     /// Prompts. One is streamed; several run as one left-padded batch, printed when done.
     #[arg(required = true)]
     pub prompts: Vec<String>,
@@ -74,6 +80,15 @@ pub enum Weights {
     /// The file's quantised blocks, products on the CPU.
     Quantized,
     /// Dequantised to `f32` on the backend.
+    F32,
+}
+
+/// `--cache-type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheType {
+    /// IEEE half precision.
+    F16,
+    /// Single precision.
     F32,
 }
 
@@ -123,7 +138,13 @@ fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
         None if gpu => WeightFormat::F32,
         None => WeightFormat::Quantized,
     };
-    let lm = LanguageModel::<B>::from_file_with(&path, &device, format)?;
+    let mut lm = LanguageModel::<B>::from_file_with(&path, &device, format)?;
+    if let LmWeights::Quantized(q) = lm.model {
+        lm.model = LmWeights::Quantized(q.with_cache_precision(match args.cache_type {
+            CacheType::F16 => CachePrecision::F16,
+            CacheType::F32 => CachePrecision::F32,
+        }));
+    }
     let c = &lm.config;
     let weights = match &lm.model {
         LmWeights::Quantized(m) => format!(
@@ -143,7 +164,11 @@ fn generate<B: Backend>(args: &Args, gpu: bool) -> Result<()> {
         c.n_kv_heads,
         c.vocab_size,
         start.elapsed().as_secs_f64(),
-        c.cache_bytes_per_token(4),
+        // The quantised model's cache in its precision (f16 by default), burn's in f32.
+        c.cache_bytes_per_token(match &lm.model {
+            LmWeights::Quantized(m) => m.cache_precision().bytes(),
+            LmWeights::F32(_) => 4,
+        }),
     );
     let prompts = args
         .prompts

@@ -39,7 +39,14 @@ const CONFIG: TileConfig = {
 #[allow(unsafe_code)]
 pub(super) unsafe fn block(block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: usize) {
     let (a, width, w) = (block.a, block.width, block.w);
-    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+    // Every block names the eight tile registers as clobbered: it changes them, and Rust's
+    // inline assembly requires every register it does not preserve to be declared.
+    asm!(
+        "ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(),
+        out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+        out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+        options(nostack, readonly),
+    );
     for pair in 0..block.tiles / 2 {
         // Each holds `chunks` packed tiles of 16 rows by 64 bytes, read in order.
         let b0 = w.column_tiles(block.t0 + 2 * pair).as_ptr();
@@ -89,8 +96,15 @@ pub(super) unsafe fn block(block: &Block<'_>, c: &mut [MaybeUninit<f32>], ldc: u
             c0 = in(reg) c0,
             c1 = in(reg) c1,
             sc = in(reg) ldc * 4,
+            out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+            out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
             options(nostack),
         );
     }
-    asm!("tilerelease", options(nostack, nomem));
+    asm!(
+        "tilerelease",
+        out("tmm0") _, out("tmm1") _, out("tmm2") _, out("tmm3") _,
+        out("tmm4") _, out("tmm5") _, out("tmm6") _, out("tmm7") _,
+        options(nostack, nomem),
+    );
 }

@@ -11,6 +11,9 @@
 //! o_j = p_jᵀ V                    (d_k values)
 //! ```
 //!
+//! The cache holds `f16` or `f32` elements ([`CachePrecision`]: `f16` is half the bytes to
+//! read, as llama.cpp keeps its cache), widened to `f32` as they are loaded (exactly); the
+//! arithmetic is `f32` either way.
 //! The keys are kept in blocks of [`KEY_BLOCK`] positions, each block transposed (`[d_k,
 //! 16]`: row `c` holds element `c` of the block's sixteen keys), so that sixteen scores are
 //! the sixteen lanes of one vector: `Σ_c q_c · K[c]` is one multiply-add per element with
@@ -30,12 +33,16 @@
 //! operation (a library call where the portable copy runs on x86, a CPU without AVX2 and FMA;
 //! one instruction on AArch64), so the result does not depend on the CPU.
 
+mod element;
 mod head;
 mod scores;
 
+use half::f16;
+
+pub use element::{CacheElement, CachePrecision};
 pub use head::HeadCache;
 
-use scores::block_scores;
+use scores::{block_scores, widen};
 
 use crate::cpu::FloatLevel;
 use crate::exp::exp_shifted;
@@ -51,23 +58,78 @@ const LANES: usize = 16;
 /// One key/value head's cache over the positions a query sees, in the layout the kernel reads
 /// ([`HeadCache::view`] lends one).
 ///
+/// Keys and values are `f32` or `f16` ([`CacheElement`]; [`CachePrecision`] says why `f16`).
 /// Position `t`'s key element `c` is `keys[(t / 16)·16·d_k + c·16 + t % 16]` (blocks of
 /// [`KEY_BLOCK`] positions, each `[d_k, 16]`; the lanes of the last block past `len` are
 /// read and their scores dropped, so they must exist but may hold anything finite or not);
 /// its value is `values[t·d_k..(t + 1)·d_k]`.
 #[derive(Clone, Copy, Debug)]
-pub struct CachedHead<'a> {
-    /// The cached keys in blocks of [`KEY_BLOCK`] positions: at least `⌈len/16⌉·16·d_k` floats.
-    pub keys: &'a [f32],
-    /// The cached values, `[positions, d_k]` row-major: at least `len·d_k` floats.
-    pub values: &'a [f32],
+pub struct CachedHead<'a, E: CacheElement = f32> {
+    /// The cached keys in blocks of [`KEY_BLOCK`] positions: at least `⌈len/16⌉·16·d_k`.
+    pub keys: &'a [E],
+    /// The cached values, `[positions, d_k]` row-major: at least `len·d_k`.
+    pub values: &'a [E],
     /// The head's width.
     pub d_k: usize,
     /// How many positions the query sees (`≥ 1`): positions `0..len`.
     pub len: usize,
 }
 
-impl CachedHead<'_> {
+/// A [`CachedHead`] of either element type: what [`attend_cached`] and
+/// [`cached_probabilities`] read (`CachedHead::into()`, or [`HeadCache::view`]).
+#[derive(Clone, Copy, Debug)]
+pub enum HeadView<'a> {
+    /// `f32` keys and values.
+    F32(CachedHead<'a, f32>),
+    /// `f16` keys and values.
+    F16(CachedHead<'a, f16>),
+}
+
+impl<'a> From<CachedHead<'a, f32>> for HeadView<'a> {
+    fn from(head: CachedHead<'a, f32>) -> Self {
+        Self::F32(head)
+    }
+}
+
+impl<'a> From<CachedHead<'a, f16>> for HeadView<'a> {
+    fn from(head: CachedHead<'a, f16>) -> Self {
+        Self::F16(head)
+    }
+}
+
+impl HeadView<'_> {
+    /// The head's width.
+    pub fn d_k(&self) -> usize {
+        match self {
+            Self::F32(h) => h.d_k,
+            Self::F16(h) => h.d_k,
+        }
+    }
+
+    /// How many positions the query sees.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(h) => h.len,
+            Self::F16(h) => h.len,
+        }
+    }
+
+    /// Whether the view has no position (never one [`HeadCache::view`] lends; refused by the
+    /// kernel).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Panics unless every key and value the kernel reads is inside the view's slices.
+    fn check(&self) {
+        match self {
+            Self::F32(h) => h.check(),
+            Self::F16(h) => h.check(),
+        }
+    }
+}
+
+impl<E: CacheElement> CachedHead<'_, E> {
     /// Panics unless every key and value the kernel reads is inside `keys` and `values`
     /// (all builds).
     fn check(&self) {
@@ -79,8 +141,8 @@ impl CachedHead<'_> {
         let values = self.len * self.d_k;
         assert!(
             self.keys.len() >= keys && self.values.len() >= values,
-            "attend_cached: {} positions need {keys} floats of keys and {values} of values, the \
-             cache has {} and {}",
+            "attend_cached: {} positions need {keys} elements of keys and {values} of values, \
+             the cache has {} and {}",
             self.len,
             self.keys.len(),
             self.values.len()
@@ -97,18 +159,18 @@ impl CachedHead<'_> {
 /// When `queries` or `out` is not `[group, d_k]` or the cache is shorter than `head` says.
 pub fn attend_cached(
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: HeadView<'_>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     head.check();
     assert!(
-        queries.len().is_multiple_of(head.d_k) && out.len() == queries.len(),
+        queries.len().is_multiple_of(head.d_k()) && out.len() == queries.len(),
         "attend_cached: queries of {} floats and an output of {} are not [group, {}]",
         queries.len(),
         out.len(),
-        head.d_k
+        head.d_k()
     );
     attend_on(
         FloatLevel::detect(),
@@ -128,49 +190,69 @@ pub fn attend_cached(
 /// When `queries` is not `[group, d_k]` or the cache is shorter than `head` says.
 pub fn cached_probabilities(
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: HeadView<'_>,
     scale: f32,
     scores: &mut Vec<f32>,
 ) {
     head.check();
     assert!(
-        queries.len().is_multiple_of(head.d_k),
+        queries.len().is_multiple_of(head.d_k()),
         "cached_probabilities: queries of {} floats are not [group, {}]",
         queries.len(),
-        head.d_k
+        head.d_k()
     );
     attend_on(FloatLevel::detect(), queries, head, scale, scores, None);
 }
 
 /// The kernel on `level`, which must be available (asserted in all builds; the callers
-/// checked the shapes): the AVX-512 or AVX2 copy, or the portable loops.
-#[allow(unsafe_code)]
+/// checked the shapes), compiled for the view's element type.
 fn attend_on(
     level: FloatLevel,
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: HeadView<'_>,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: Option<&mut [f32]>,
+) {
+    match head {
+        HeadView::F32(head) => attend_typed(level, queries, head, scale, scores, out),
+        HeadView::F16(head) => attend_typed(level, queries, head, scale, scores, out),
+    }
+}
+
+/// [`attend_on`] for one element type: the AVX-512 or AVX2 copy, or the portable loops.
+#[allow(unsafe_code)]
+fn attend_typed<E: CacheElement>(
+    level: FloatLevel,
+    queries: &[f32],
+    head: CachedHead<'_, E>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: Option<&mut [f32]>,
 ) {
     level.assert_available();
+    // The vector copies convert `f16` with F16C's `vcvtph2ps` (every CPU with AVX2 and FMA,
+    // or AVX-512F, has it: the check is for form, and what `widen` relies on).
+    #[cfg(target_arch = "x86_64")]
+    let f16c = crate::cpu::features().f16c;
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is available (asserted above): the CPU has AVX-512F and FMA, the
-        // features the copy is compiled for.
-        FloatLevel::Avx512 => unsafe { attend_avx512(queries, head, scale, scores, out) },
+        // features the copy is compiled for, and F16C (checked).
+        FloatLevel::Avx512 if f16c => unsafe { attend_avx512(queries, head, scale, scores, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, AVX2 and FMA.
-        FloatLevel::Avx2 => unsafe { attend_avx2(queries, head, scale, scores, out) },
+        // SAFETY: as above, AVX2 and FMA, and F16C (checked).
+        FloatLevel::Avx2 if f16c => unsafe { attend_avx2(queries, head, scale, scores, out) },
         _ => attend_with(FloatLevel::Portable, queries, head, scale, scores, out),
     }
 }
 
+/// The same loops compiled for AVX2 (and F16C, the `f16` cache's conversions).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_avx2<E: CacheElement>(
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: CachedHead<'_, E>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: Option<&mut [f32]>,
@@ -181,10 +263,10 @@ fn attend_avx2(
 /// The same loops compiled for AVX-512: sixteen scores, or sixteen columns of values, in one
 /// register.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-fn attend_avx512(
+#[target_feature(enable = "avx512f,fma,f16c")]
+fn attend_avx512<E: CacheElement>(
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: CachedHead<'_, E>,
     scale: f32,
     scores: &mut Vec<f32>,
     out: Option<&mut [f32]>,
@@ -195,10 +277,10 @@ fn attend_avx512(
 /// The kernel, in tiles of up to [`TILE`] heads, its block scores on `level` (available: the
 /// dispatch asserted it; the callers checked the shapes).
 #[inline(always)]
-fn attend_with(
+fn attend_with<E: CacheElement>(
     level: FloatLevel,
     queries: &[f32],
-    head: CachedHead<'_>,
+    head: CachedHead<'_, E>,
     scale: f32,
     scores: &mut Vec<f32>,
     mut out: Option<&mut [f32]>,
@@ -216,10 +298,10 @@ fn attend_with(
             .as_deref_mut()
             .map(|o| &mut o[first * d_k..(first + g) * d_k]);
         match g {
-            4 => tile::<4>(level, q, head, scale, p, o),
-            3 => tile::<3>(level, q, head, scale, p, o),
-            2 => tile::<2>(level, q, head, scale, p, o),
-            _ => tile::<1>(level, q, head, scale, p, o),
+            4 => tile::<4, E>(level, q, head, scale, p, o),
+            3 => tile::<3, E>(level, q, head, scale, p, o),
+            2 => tile::<2, E>(level, q, head, scale, p, o),
+            _ => tile::<1, E>(level, q, head, scale, p, o),
         }
         first += g;
     }
@@ -227,10 +309,10 @@ fn attend_with(
 
 /// `G` heads: their probabilities into `p` (`[G, len]`) and, given `out`, their outputs.
 #[inline(always)]
-fn tile<const G: usize>(
+fn tile<const G: usize, E: CacheElement>(
     level: FloatLevel,
     q: &[f32],
-    head: CachedHead<'_>,
+    head: CachedHead<'_, E>,
     scale: f32,
     p: &mut [f32],
     out: Option<&mut [f32]>,
@@ -265,11 +347,11 @@ fn tile<const G: usize>(
     // read once, in one pass), then 16, the G heads' sums kept over all positions.
     let mut c = 0;
     while c + 4 * LANES <= d_k {
-        weigh_values::<G, { 4 * LANES }>(head, p, c, out);
+        weigh_values::<G, { 4 * LANES }, E>(level, head, p, c, out);
         c += 4 * LANES;
     }
     while c + LANES <= d_k {
-        weigh_values::<G, LANES>(head, p, c, out);
+        weigh_values::<G, LANES, E>(level, head, p, c, out);
         c += LANES;
     }
     let values = head.values;
@@ -277,7 +359,7 @@ fn tile<const G: usize>(
         for j in 0..G {
             let mut sum = 0.0f32;
             for t in 0..len {
-                sum = p[j * len + t].mul_add(values[t * d_k + c], sum);
+                sum = p[j * len + t].mul_add(values[t * d_k + c].to_f32(), sum);
             }
             out[j * d_k + c] = sum;
         }
@@ -288,8 +370,9 @@ fn tile<const G: usize>(
 /// multiply-add per position in order from zero, the sums kept in local accumulators over all
 /// positions.
 #[inline(always)]
-fn weigh_values<const G: usize, const W: usize>(
-    head: CachedHead<'_>,
+fn weigh_values<const G: usize, const W: usize, E: CacheElement>(
+    level: FloatLevel,
+    head: CachedHead<'_, E>,
     p: &[f32],
     first: usize,
     out: &mut [f32],
@@ -298,7 +381,8 @@ fn weigh_values<const G: usize, const W: usize>(
     let mut acc = [[0f32; W]; G];
     for t in 0..len {
         let at = t * d_k + first;
-        let v: &[f32; W] = head.values[at..at + W].try_into().unwrap();
+        let v: &[E; W] = head.values[at..at + W].try_into().unwrap();
+        let v = widen(level, v);
         for (j, acc) in acc.iter_mut().enumerate() {
             let w = p[j * len + t];
             for l in 0..W {

@@ -36,6 +36,9 @@ use xfmr_models::{pad_rows, ModelError, PadSide};
 pub use linear::{Activations, ProductScratch, QuantizedLinear};
 pub use prefix::PrefixCache;
 pub use steps::QuantizedSteps;
+/// What a sequence's key/value cache keeps its elements in
+/// ([`QuantizedLlama::with_cache_precision`]).
+pub use xfmr_kernels::CachePrecision;
 
 use crate::gguf::{GgmlType, Gguf, GgufError};
 use crate::llama::LlamaConfig;
@@ -69,6 +72,8 @@ pub struct QuantizedLlama {
     output: Option<QuantizedLinear>,
     pad_id: u32,
     activations: Activations,
+    /// What each sequence's key/value cache keeps its elements in.
+    cache_precision: CachePrecision,
 }
 
 /// One sequence's key/value cache: what [`QuantizedLlama::forward_batch`] extends. Sequences
@@ -295,6 +300,7 @@ impl QuantizedLlama {
             pad_id,
             config: c,
             activations: Activations::Int8,
+            cache_precision: CachePrecision::F16,
         })
     }
 
@@ -304,6 +310,21 @@ impl QuantizedLlama {
     pub fn with_activations(mut self, activations: Activations) -> Self {
         self.activations = activations;
         self
+    }
+
+    /// The same model with its sequences' key/value caches kept in `precision` (from the
+    /// next [`sequence`](Self::sequence) or [`steps`](Self::steps) on):
+    /// [`CachePrecision::F16`] by default, as llama.cpp's; [`CachePrecision::F32`] for
+    /// attention in `f32` throughout (with [`Activations::F32`], the reference that checks
+    /// the model's arithmetic against transformers).
+    pub fn with_cache_precision(mut self, precision: CachePrecision) -> Self {
+        self.cache_precision = precision;
+        self
+    }
+
+    /// What the sequences' key/value caches keep their elements in.
+    pub fn cache_precision(&self) -> CachePrecision {
+        self.cache_precision
     }
 
     /// Bytes of all weights as held (quantised blocks and `f32` norms).
@@ -349,7 +370,9 @@ impl QuantizedLlama {
         let positions = capacity.min(self.config.context_length);
         SequenceCache {
             heads: (0..self.layers.len() * self.config.n_kv_heads)
-                .map(|_| HeadCache::with_capacity(self.config.d_k(), positions))
+                .map(|_| {
+                    HeadCache::with_capacity(self.config.d_k(), positions, self.cache_precision)
+                })
                 .collect(),
             len: 0,
             skip: 0,

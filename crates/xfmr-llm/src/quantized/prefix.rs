@@ -27,6 +27,13 @@ impl Entry {
     }
 }
 
+/// Whether two sequences' caches are of one model and precision (as many heads, as wide, their
+/// elements of one type): only then is one a prefix of the other's.
+fn same_kind(a: &[HeadCache], b: &[HeadCache]) -> bool {
+    let kind = |heads: &[HeadCache]| heads.first().map(|h| (h.d_k(), h.precision()));
+    a.len() == b.len() && kind(a) == kind(b)
+}
+
 /// What keeping `tokens` positions with these keys and values costs.
 fn bytes(heads: &[HeadCache], tokens: usize) -> usize {
     heads.iter().map(HeadCache::bytes).sum::<usize>() + tokens * std::mem::size_of::<u32>()
@@ -91,8 +98,8 @@ impl PrefixCache {
     /// Returns how many positions were reused: feed `&prompt[reused..]` next.
     ///
     /// A cache that is not empty is left alone (0). One `PrefixCache` serves one model: kept
-    /// sequences with another number of layers and heads or another head width are passed
-    /// over.
+    /// sequences with another number of layers and heads, another head width or another cache
+    /// precision are passed over.
     ///
     /// [`QuantizedLlama::sequence`]: super::QuantizedLlama::sequence
     pub fn restore(&mut self, prompt: &[u32], cache: &mut SequenceCache) -> usize {
@@ -103,10 +110,7 @@ impl PrefixCache {
         let best = self
             .entries
             .iter_mut()
-            .filter(|e| {
-                let width = |heads: &[HeadCache]| heads.first().map(HeadCache::d_k);
-                e.heads.len() == cache.heads.len() && width(&e.heads) == width(&cache.heads)
-            })
+            .filter(|e| same_kind(&e.heads, &cache.heads))
             .map(|e| {
                 let shared = e
                     .tokens
@@ -134,9 +138,9 @@ impl PrefixCache {
 
     /// Keeps the keys and values of the tokens `cache` has been fed: `tokens` starts with
     /// them (its first `cache.len()` are used; given fewer, nothing is kept). A kept sequence
-    /// that begins with these tokens already holds them (nothing is added); kept sequences
-    /// that these tokens extend are replaced. Then the least recently used go until the rest
-    /// fit. A sequence larger than the whole budget is not kept (nor copied).
+    /// of the same model and cache precision that begins with these tokens already holds them
+    /// (nothing is added); kept sequences of that kind that these tokens extend are replaced.
+    /// Then the least recently used go until the rest fit. A sequence larger than the whole budget is not kept (nor copied).
     pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache) {
         if cache.skip != 0 || cache.len == 0 || tokens.len() < cache.len {
             return;
@@ -150,7 +154,7 @@ impl PrefixCache {
         if let Some(e) = self
             .entries
             .iter_mut()
-            .find(|e| e.tokens.starts_with(tokens))
+            .find(|e| e.tokens.starts_with(tokens) && same_kind(&e.heads, &cache.heads))
         {
             e.used = self.clock;
             return;
@@ -162,7 +166,7 @@ impl PrefixCache {
         };
         let mut freed = 0;
         self.entries.retain(|e| {
-            let covered = tokens.starts_with(&e.tokens);
+            let covered = tokens.starts_with(&e.tokens) && same_kind(&e.heads, &cache.heads);
             if covered {
                 freed += e.bytes();
             }

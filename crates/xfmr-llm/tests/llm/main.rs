@@ -1,6 +1,7 @@
 //! xfmr-llm tests: the GGUF reader on files written by the tests (always run) and SmolLM2
 //! parity with Hugging Face transformers (`#[ignore]`d: they need the fetched model).
 
+mod cache_precision;
 mod decode_loop;
 mod gguf;
 mod hostile;

@@ -20,7 +20,7 @@ use xfmr_kernels::quant::interleave::interleavable;
 use xfmr_kernels::quant::{ActivationRows, BlockFormat, Layout, Path, QuantizedMatrix, Sub32};
 use xfmr_kernels::KEY_BLOCK;
 use xfmr_llm::gguf::{GgmlType, Gguf, GgufError, GgufWriter};
-use xfmr_llm::quantized::{Activations, PrefixCache, Scratch};
+use xfmr_llm::quantized::{Activations, CachePrecision, PrefixCache, Scratch};
 use xfmr_llm::{LanguageModel, QuantizedLinear, QuantizedLlama};
 use xfmr_models::generate::HostSteps;
 use xfmr_models::{BeamOptions, GenerationOptions, Strategy};
@@ -462,7 +462,8 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
     let lm = LanguageModel::<NdArray>::from_gguf(&g, &device).unwrap();
     let q = QuantizedLlama::from_gguf(&g, lm.tokenizer.pad_id())
         .unwrap()
-        .with_activations(Activations::F32);
+        .with_activations(Activations::F32)
+        .with_cache_precision(CachePrecision::F32);
     let vocab = q.config.vocab_size;
     let prompt: Vec<u32> = (0..9).map(|i| (7 * i + 3) % vocab as u32).collect();
     let f32_model = lm.f32_model().unwrap();
@@ -586,10 +587,12 @@ fn prefix_cache_restores_shared_prefixes_as_if_fed() {
     let (want_b, _) = logits_after(&q, &mut none, &b);
 
     // Per layer and key/value head: the keys in whole blocks of `KEY_BLOCK` positions, the
-    // values by position; four bytes a float, four a token.
+    // values by position, each element in the cache's precision (f16 by default); four bytes
+    // a token.
     let entry = |n: usize| {
-        let floats = n.div_ceil(KEY_BLOCK) * KEY_BLOCK + n;
-        floats * q.config.n_layers * q.config.n_kv_heads * q.config.d_k() * 4 + n * 4
+        let elements = n.div_ceil(KEY_BLOCK) * KEY_BLOCK + n;
+        let size = q.cache_precision().bytes();
+        elements * q.config.n_layers * q.config.n_kv_heads * q.config.d_k() * size + n * 4
     };
     let mut prefixes = PrefixCache::new(2 * entry(b.len()));
     let (got_a, reused) = logits_after(&q, &mut prefixes, &a);

@@ -3,12 +3,14 @@
 //! (`smollm2/reference.safetensors`) and xfmr's own `f32` path.
 //!
 //! Two checks:
-//! - **The model's arithmetic**, with [`Activations::F32`] (the blocks dequantised, products in
-//!   `f32`): the same tolerances as the `f32` path (last-position logits within 1e-3 of
+//! - **The model's arithmetic**, with [`Activations::F32`] (the blocks dequantised, products
+//!   in `f32`) and the key/value cache in `f32` ([`CachePrecision::F32`]): the same
+//!   tolerances as the `f32` path (last-position logits within 1e-3 of
 //!   transformers', greedy tokens identical). This checks the quantised model's own code (RoPE
 //!   on the file's permuted rows, grouped heads, the cache, the fused products) apart from the
 //!   activation quantisation.
-//! - **The quantised products** ([`Activations::Int8`], the default): last-position logits
+//! - **The quantised products** ([`Activations::Int8`], the default, with the default `f16`
+//!   cache): last-position logits
 //!   within [`TOL`] = 2 nats of transformers'. Quantising every product's activations to `i8`
 //!   per block of 32, through 30 layers, moves the logits by far more than 1e-3: llama.cpp, whose
 //!   scheme this is (with one scale per 32 too), is 1.77 nats from transformers at most on
@@ -23,7 +25,7 @@
 
 use burn::backend::Flex;
 use xfmr_kernels::quant::{BlockFormat, Layout, Path};
-use xfmr_llm::quantized::Activations;
+use xfmr_llm::quantized::{Activations, CachePrecision};
 use xfmr_llm::{LanguageModel, LmWeights, WeightFormat};
 use xfmr_models::generate::HostSteps;
 use xfmr_testing::to_vec;
@@ -148,9 +150,13 @@ fn quantized_path_follows_transformers_within_the_stated_tolerance() {
 #[ignore = "needs SmolLM2: `cargo run -p xfmr-cli -- fetch-model smollm2`, then `cargo test --workspace -- --ignored`"]
 fn quantized_model_with_f32_products_matches_transformers() {
     let mut lm = quantized_lm();
-    // The products in f32 for the whole model: the logits below and `complete`'s tokens.
+    // The products and the key/value cache in f32 for the whole model: the logits below and
+    // `complete`'s tokens.
     lm.model = match lm.model {
-        LmWeights::Quantized(q) => LmWeights::Quantized(q.with_activations(Activations::F32)),
+        LmWeights::Quantized(q) => LmWeights::Quantized(
+            q.with_activations(Activations::F32)
+                .with_cache_precision(CachePrecision::F32),
+        ),
         LmWeights::F32(_) => panic!("loaded f32 weights for WeightFormat::Quantized"),
     };
     let q = lm.quantized_model().expect("quantised weights");

@@ -66,9 +66,12 @@ impl Session<'_> {
         let local = xfmr_train::local_devices::<B>(replicas)?;
         if local.shared {
             eprintln!(
-                "{replicas} replicas share {:?}, each on its own {} thread(s){}",
+                "{replicas} replicas share {:?}, each with {} of its own{}",
                 local.devices[0],
-                xfmr_train::replica_threads(replicas as usize),
+                match xfmr_train::replica_threads(replicas as usize) {
+                    1 => "a thread".to_string(),
+                    n => format!("{n} threads"),
+                },
                 if self.cpu {
                     ""
                 } else {
