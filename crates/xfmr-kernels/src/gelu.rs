@@ -60,6 +60,8 @@ fn gelu_portable(values: &mut [f32]) {
 ///
 /// # Panics
 /// If `src` and `dst` differ in length.
+// Used by the flex kernels (and this file's tests) only.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub(crate) fn gelu_into(src: &[f32], dst: &mut [MaybeUninit<f32>]) {
     gelu_into_on(FloatLevel::detect(), src, dst);
 }
