@@ -140,7 +140,8 @@ impl PrefixCache {
     /// them (its first `cache.len()` are used; given fewer, nothing is kept). A kept sequence
     /// of the same model and cache precision that begins with these tokens already holds them
     /// (nothing is added); kept sequences of that kind that these tokens extend are replaced.
-    /// Then the least recently used go until the rest fit. A sequence larger than the whole budget is not kept (nor copied).
+    /// Then the least recently used go until the rest fit. A sequence larger than the whole
+    /// budget is not kept (nor copied).
     pub fn store(&mut self, tokens: &[u32], cache: &SequenceCache) {
         if cache.skip != 0 || cache.len == 0 || tokens.len() < cache.len {
             return;

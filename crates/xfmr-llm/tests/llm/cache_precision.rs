@@ -97,13 +97,9 @@ fn prefix_cache_keeps_each_cache_precision_apart() {
     let vocab = q32.config.vocab_size as u32;
     let a: Vec<u32> = (0..12).map(|i| (5 * i + 1) % vocab).collect();
     let mut prefixes = PrefixCache::new(usize::MAX);
+    // How many positions `prompt` restored; then the sequence is kept.
     let feed = |q: &QuantizedLlama, prefixes: &mut PrefixCache, prompt: &[u32]| {
-        let mut cache = q.sequence(prompt.len());
-        let reused = prefixes.restore(prompt, &mut cache);
-        q.forward_batch(&mut [(&mut cache, &prompt[reused..])], &mut Scratch::new())
-            .unwrap();
-        prefixes.store(prompt, &cache);
-        reused
+        crate::quantized::logits_after(q, prefixes, prompt).1
     };
     assert_eq!(feed(&q32, &mut prefixes, &a), 0, "nothing kept yet");
     assert_eq!(feed(&q16, &mut prefixes, &a), 0, "a is kept in f32 only");

@@ -528,8 +528,9 @@ fn quantized_model_equals_the_f32_model_on_the_tiny_file() {
 }
 
 /// The logits after `prompt` fed to a fresh cache of `q` in one step, starting from what
-/// `prefixes` restores; and how many positions were restored.
-fn logits_after(
+/// `prefixes` restores; and how many positions were restored. Then `prefixes` keeps the
+/// sequence.
+pub(crate) fn logits_after(
     q: &QuantizedLlama,
     prefixes: &mut PrefixCache,
     prompt: &[u32],
